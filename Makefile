@@ -1,0 +1,62 @@
+# jaxps: the front door. `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON_SYSTEM ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)/operator
+# JAX on this machine is CPU only; keep its start-up quiet and its threads bounded.
+export JAX_PLATFORMS ?= cpu
+
+.PHONY: help install run test test-unit test-process lint format verify protos bench clean
+
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON_SYSTEM) >/dev/null || { echo "need $(PYTHON_SYSTEM) (>= 3.11)"; exit 1; }
+	@$(PYTHON_SYSTEM) -c 'import venv, ensurepip' 2>/dev/null || hack/apt-install.sh python3-venv
+	$(PYTHON_SYSTEM) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[runtime,operator,dev]'
+	@touch $@
+
+install: $(STAMP) ## Install jaxps and its tools into .venv (Python packages; apt-get only if venv is missing)
+
+run: install ## Start two ps processes, push and pull a pytree through them, stop them (until `jaxps local` lands)
+	$(PY) -m jaxps_runtime.demo
+
+test: install ## Run every test tier (unit, process)
+	$(PY) -m pytest -q tests
+
+test-unit: install ## Run the unit tests only
+	$(PY) -m pytest -q tests/unit
+
+test-process: install ## Run the process tests only (real ps processes on 127.0.0.1)
+	$(PY) -m pytest -q tests/process
+
+lint: install ## ruff lint and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install ## Apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+protos: install ## Regenerate the Python stubs from protos/
+	PYTHON=$(PY) hack/gen-protos.sh
+
+verify: lint ## Lint, types, import contracts and the generated-stubs drift check
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+	@tmp=$$(mktemp -d) && PYTHON=$(PY) hack/gen-protos.sh $$tmp && \
+	  diff -r -x __pycache__ $$tmp/jaxps runtime/jaxps && rm -rf $$tmp && \
+	  echo "generated stubs match protos/" || { echo "stubs drifted: run 'make protos' and commit"; exit 1; }
+
+bench: install ## Run the benchmarks (JSON lines on stdout)
+	$(PY) bench/transport.py
+
+clean: ## Remove the virtualenv and caches
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

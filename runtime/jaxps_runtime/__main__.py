@@ -1,0 +1,83 @@
+"""`python -m jaxps_runtime`: the command of every jaxps pod and local process.
+
+The task comes from TF_CONFIG (TensorFlow's format) or from TF1's flags
+(--ps_hosts --worker_hosts [--chief_hosts --evaluator_hosts] --job_name --task_index); the job's
+identity from JAXPS_JOB_UID (or JAXPS_JOB_NAME). Exit codes: 0 done, 1 failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from jaxps_runtime import cluster
+
+EXIT_USAGE = 2
+log = logging.getLogger("jaxps_runtime")
+
+
+def _arguments(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog="python -m jaxps_runtime",
+        description="Runs one task (ps, worker, chief or evaluator) of a jaxps job.",
+        epilog="The task comes from TF_CONFIG, or from TF1 flags: --ps_hosts --worker_hosts "
+        "[--chief_hosts --evaluator_hosts] --job_name --task_index.",
+    )
+    parser.add_argument("--log-level", default=os.environ.get("JAXPS_LOG_LEVEL", "INFO"),
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--bind", default=os.environ.get("JAXPS_BIND_ADDRESS"),
+                        help="host:port to listen on (default: the task's own address; all "
+                        "interfaces unless it is a loopback address)")
+    return parser.parse_known_args(argv)
+
+
+def task_config(argv: Sequence[str], environ: Mapping[str, str]) -> cluster.TFConfig:
+    """TF1 flags when given, else TF_CONFIG; a ClusterSpecError names what is wrong."""
+    if any(a.startswith(("--job_name", "--ps_hosts", "--worker_hosts")) for a in argv):
+        config, rest = cluster.parse_tf1_flags(argv)
+        if rest:
+            raise cluster.ClusterSpecError(f"unknown arguments: {' '.join(rest)}")
+        return config
+    config_or_none = cluster.from_env(environ)
+    if config_or_none is None:
+        raise cluster.ClusterSpecError(
+            "no task given: set TF_CONFIG, or pass --ps_hosts, --worker_hosts, --job_name and "
+            "--task_index"
+        )
+    if argv:
+        raise cluster.ClusterSpecError(f"unknown arguments: {' '.join(argv)}")
+    return config_or_none
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, rest = _arguments(sys.argv[1:] if argv is None else argv)
+    try:
+        config = task_config(rest, os.environ)
+    except cluster.ClusterSpecError as err:
+        print(f"jaxps_runtime: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    task = config.task
+    logging.basicConfig(
+        level=args.log_level,
+        format=f"%(asctime)s %(levelname)s {task.name} %(name)s: %(message)s",
+    )
+    job_id = os.environ.get("JAXPS_JOB_UID") or os.environ.get("JAXPS_JOB_NAME") or "jaxps"
+    if task.type == cluster.PS:
+        from jaxps_runtime import server  # noqa: PLC0415 - keep `--help` and errors fast
+
+        return server.serve_ps(
+            address=config.cluster.address(task), job_id=job_id, task=task.name, bind=args.bind
+        )
+    print(
+        f"jaxps_runtime: task {task.name}: this build runs ps tasks only; the {task.type} role "
+        "is not implemented yet",
+        file=sys.stderr,
+    )
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

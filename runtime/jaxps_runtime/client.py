@@ -1,0 +1,378 @@
+"""The client side of the ps tier: pull and push whole pytrees across every ps, in parallel.
+
+One channel per ps, reused for the life of the client; one thread per ps runs that ps's stream,
+so all ps tasks transfer at once. A pull writes each chunk straight into the final array of its
+variable (a shard is a contiguous byte range of its variable); a push streams byte ranges of
+the gradient arrays without copying them first.
+
+Thread-safety: one call at a time per client (pull, push and the rest share per-ps streams'
+executor and the incarnations the client has seen). Use one client per thread of work.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+
+from jaxps.v1 import parameter_server_pb2 as ps_pb2
+from jaxps.v1 import tensor_pb2
+from jaxps_runtime import optim, rpc, streams
+from jaxps_runtime.placement import Layout, Placement, Shard, named_leaves
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class PsClientError(RuntimeError):
+    """A ps refused or failed a call; says which ps, where, and what it answered."""
+
+    def __init__(self, *, ps: int, address: str, method: str, code: grpc.StatusCode | None,
+                 details: str) -> None:
+        name = code.name if code else "ERROR"
+        super().__init__(f"ps-{ps} at {address}: {method} failed with {name}: {details}")
+        self.ps, self.address, self.method, self.code, self.details = ps, address, method, code, details
+
+
+class PsRestartedError(PsClientError):
+    """A ps answered with another incarnation than before: it restarted and lost its state."""
+
+
+class PsClient:
+    """Pulls parameters from and pushes gradients to every ps of a job."""
+
+    def __init__(
+        self, *, addresses: Sequence[str], placement: Placement, job_id: str, task: str,
+        chunk_bytes: int = streams.CHUNK_BYTES,
+    ) -> None:
+        if len(addresses) != placement.num_ps:
+            raise ValueError(
+                f"placement is for {placement.num_ps} ps tasks, got {len(addresses)} addresses"
+            )
+        self.addresses = tuple(addresses)
+        self.placement = placement
+        self.job_id, self.task = job_id, task
+        self.epoch = 0
+        self.incarnations = [0] * len(addresses)
+        self._chunk_bytes = chunk_bytes
+        self._channels = [rpc.channel(a) for a in addresses]
+        self._calls = [rpc.PARAMETER_SERVER.callables(ch) for ch in self._channels]
+        self._pool = ThreadPoolExecutor(len(addresses), thread_name_prefix=f"{task}-ps")
+        self._shards = [placement.shards_on(i) for i in range(len(addresses))]
+        self._variables = {v.name: v for v in placement.variables}
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    def identity(self, ps: int) -> tensor_pb2.Identity:
+        return tensor_pb2.Identity(
+            job_id=self.job_id, ps_incarnation=self.incarnations[ps],
+            cluster_epoch=self.epoch, task=self.task,
+        )
+
+    def _call(self, ps: int, method: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except grpc.RpcError as err:
+            code, details = err.code(), err.details() or ""
+            cls = PsRestartedError if "restarted" in details else PsClientError
+            raise cls(ps=ps, address=self.addresses[ps], method=method, code=code,
+                      details=details) from err
+
+    def _seen(self, ps: int, identity: tensor_pb2.Identity) -> None:
+        known = self.incarnations[ps]
+        if known and identity.ps_incarnation != known:
+            raise PsRestartedError(
+                ps=ps, address=self.addresses[ps], method="reply", code=None,
+                details=f"incarnation changed from {known} to {identity.ps_incarnation}",
+            )
+        self.incarnations[ps] = identity.ps_incarnation
+
+    def _each(self, fn: Callable[[int], T]) -> list[T]:
+        """Runs fn(ps) for every ps at once; the first error (by ps index) is raised."""
+        if len(self.addresses) == 1:
+            return [fn(0)]
+        return [f.result() for f in [self._pool.submit(fn, i) for i in range(len(self.addresses))]]
+
+    # --- control ----------------------------------------------------------------------------
+
+    def status(self, ps: int, *, timeout: float | None = None,
+               wait_for_ready: bool = False) -> ps_pb2.StatusReply:
+        request = ps_pb2.StatusRequest(id=tensor_pb2.Identity(job_id=self.job_id, task=self.task))
+        reply: ps_pb2.StatusReply = self._call(ps, "Status", lambda: self._calls[ps]["Status"](
+            request, timeout=timeout, wait_for_ready=wait_for_ready))
+        return reply
+
+    def wait_reachable(self, *, timeout: float, log_every: float = 5.0) -> list[ps_pb2.StatusReply]:
+        """Waits until every ps answers Status, logging which ps and address it waits for."""
+        started = time.monotonic()
+        replies: list[ps_pb2.StatusReply | None] = [None] * len(self.addresses)
+        last_log = started
+        while True:
+            for ps, reply in enumerate(replies):
+                if reply is None:
+                    try:
+                        replies[ps] = self.status(ps, timeout=1.0, wait_for_ready=True)
+                    except PsClientError as err:
+                        if err.code not in (grpc.StatusCode.UNAVAILABLE,
+                                            grpc.StatusCode.DEADLINE_EXCEEDED):
+                            raise
+            waiting = [ps for ps, r in enumerate(replies) if r is None]
+            if not waiting:
+                return [r for r in replies if r is not None]
+            elapsed = time.monotonic() - started
+            names = ", ".join(f"ps-{i} at {self.addresses[i]}" for i in waiting)
+            if elapsed >= timeout:
+                raise TimeoutError(f"{self.task}: no answer from {names} after {elapsed:.0f} s")
+            if time.monotonic() - last_log >= log_every:
+                log.info("%s: waiting for %s (%.0f s)", self.task, names, elapsed)
+                last_log = time.monotonic()
+
+    def init(
+        self, params: Mapping[str, np.ndarray], *, optimizer: optim.OptimizerConfig,
+        epoch: int, step: int = 0,
+    ) -> None:
+        """Declares every ps's shards, then streams their initial values (chief only)."""
+        self.epoch = epoch
+        arrays = self._named_arrays(params, what="params")
+
+        def one(ps: int) -> None:
+            shards = self._shards[ps]
+            request = ps_pb2.InitRequest(
+                id=self.identity(ps), tensors=[self._spec(s) for s in shards],
+                optimizer=optimizer.to_json(), step=step,
+            )
+            reply = self._call(ps, "Init", lambda: self._calls[ps]["Init"](request))
+            self._seen(ps, reply.id)
+            header = tensor_pb2.FrameHeader(
+                id=self.identity(ps), step=step, tensors=[self._spec(s) for s in shards]
+            )
+            frames = streams.frames(header, self._buffers(arrays, shards),
+                                    chunk_bytes=self._chunk_bytes)
+            assigned = self._call(ps, "Assign", lambda: self._calls[ps]["Assign"](frames))
+            if assigned.missing:
+                raise PsClientError(ps=ps, address=self.addresses[ps], method="Assign",
+                                    code=None, details=f"still missing {list(assigned.missing)}")
+
+        self._each(one)
+
+    def shutdown(self, *, reason: str) -> None:
+        """Asks every ps to exit 0; a ps that is already gone counts as done."""
+
+        def one(ps: int) -> None:
+            request = ps_pb2.ShutdownRequest(id=self.identity(ps), reason=reason)
+            try:
+                self._call(ps, "Shutdown", lambda: self._calls[ps]["Shutdown"](request, timeout=10))
+            except PsClientError as err:
+                if err.code != grpc.StatusCode.UNAVAILABLE:
+                    raise
+
+        self._each(one)
+
+    # --- dense ------------------------------------------------------------------------------
+
+    def pull(self, *, min_step: int = 0) -> tuple[int, dict[str, np.ndarray]]:
+        """Every variable, whole; and the lowest step among the ps tasks."""
+        out = {v.name: np.empty(v.shape, dtype=streams.dtype_of(v.dtype))
+               for v in self.placement.variables}
+
+        def one(ps: int) -> int:
+            shards = self._shards[ps]
+            if not shards:
+                return self.status(ps).step
+            request = ps_pb2.PullRequest(
+                id=self.identity(ps), names=[s.name for s in shards], min_step=min_step
+            )
+            into = [self._shard_view(out[s.variable.name], s) for s in shards]
+            return self._receive(ps, "Pull", lambda: self._calls[ps]["Pull"](request),
+                                 [self._stream_spec(s) for s in shards], into)
+
+        steps = self._each(one)
+        return min(steps), out
+
+    def push(self, grads: Mapping[str, Any], *, step: int, push_id: str | None = None
+             ) -> list[ps_pb2.PushReply]:
+        """Pushes one gradient for every variable; each ps applies its shards' part."""
+        arrays = self._named_arrays(grads, what="gradients")
+        push_id = push_id or uuid.uuid4().hex
+
+        def one(ps: int) -> ps_pb2.PushReply:
+            shards = self._shards[ps]
+            header = tensor_pb2.FrameHeader(
+                id=self.identity(ps), step=step, push_id=push_id,
+                tensors=[self._spec(s) for s in shards],
+            )
+            frames = streams.frames(header, self._buffers(arrays, shards),
+                                    chunk_bytes=self._chunk_bytes)
+            reply: ps_pb2.PushReply = self._call(ps, "Push",
+                                                 lambda: self._calls[ps]["Push"](frames))
+            self._seen(ps, reply.id)
+            return reply
+
+        return self._each(one)
+
+    def pull_tree(self, layout: Layout, *, min_step: int = 0) -> tuple[int, Any]:
+        step, named = self.pull(min_step=min_step)
+        return step, layout.unflatten(named)
+
+    def push_tree(self, grads: Any, *, step: int) -> list[ps_pb2.PushReply]:
+        _, named = named_leaves(grads)
+        return self.push(named, step=step)
+
+    # --- sparse -----------------------------------------------------------------------------
+
+    def sparse_pull(self, rows: Mapping[str, np.ndarray], *, min_step: int = 0
+                    ) -> dict[str, np.ndarray]:
+        """The given rows (any order, duplicates allowed) of embedding variables."""
+        plan = self._route_rows(rows)
+        out = {name: np.empty((len(ids), *self._variables[name].shape[1:]),
+                              dtype=streams.dtype_of(self._variables[name].dtype))
+               for name, ids in rows.items()}
+
+        def one(ps: int) -> None:
+            picks = plan[ps]
+            if not picks:
+                return
+            request = ps_pb2.SparsePullRequest(
+                id=self.identity(ps), min_step=min_step,
+                selections=[ps_pb2.RowSelection(name=s.name, rows=local.astype("<i8").tobytes())
+                            for s, local, _ in picks],
+            )
+            specs = [streams.Spec(s.name, (local.size, *s.shape[1:]),
+                                  streams.dtype_of(s.variable.dtype)) for s, local, _ in picks]
+            got: list[np.ndarray | None] = [None] * len(picks)
+            self._receive(ps, "SparsePull", lambda: self._calls[ps]["SparsePull"](request),
+                          specs, got, keep=got)
+            for (shard, _, where), values in zip(picks, got, strict=True):
+                out[shard.variable.name][where] = values
+
+        self._each(one)
+        return out
+
+    def sparse_push(self, grads: Mapping[str, tuple[np.ndarray, np.ndarray]], *, step: int,
+                    push_id: str | None = None) -> list[ps_pb2.PushReply]:
+        """Pushes gradient rows {variable: (row ids, rows)}; duplicate ids are summed by the ps."""
+        plan = self._route_rows({name: ids for name, (ids, _) in grads.items()})
+        push_id = push_id or uuid.uuid4().hex
+
+        def one(ps: int) -> ps_pb2.PushReply | None:
+            picks = plan[ps]
+            if not picks:
+                return None
+            values = [np.ascontiguousarray(
+                np.asarray(grads[s.variable.name][1])[where],
+                dtype=streams.dtype_of(s.variable.dtype)) for s, _, where in picks]
+            header = tensor_pb2.FrameHeader(
+                id=self.identity(ps), step=step, push_id=push_id,
+                tensors=[streams.Spec(s.name, v.shape, v.dtype).to_proto(
+                    rows=local.astype("<i8").tobytes()) for (s, local, _), v in zip(
+                        picks, values, strict=True)],
+            )
+            frames = streams.frames(header, (streams.byte_view(v) for v in values),
+                                    chunk_bytes=self._chunk_bytes)
+            reply: ps_pb2.PushReply = self._call(
+                ps, "SparsePush", lambda: self._calls[ps]["SparsePush"](frames))
+            self._seen(ps, reply.id)
+            return reply
+
+        return [r for r in self._each(one) if r is not None]
+
+    def _route_rows(self, rows: Mapping[str, np.ndarray]
+                    ) -> list[list[tuple[Shard, np.ndarray, np.ndarray]]]:
+        """Per ps: (shard, shard-local row ids, positions in the caller's id array)."""
+        plan: list[list[tuple[Shard, np.ndarray, np.ndarray]]] = [[] for _ in self.addresses]
+        for name, ids in rows.items():
+            variable = self._variables.get(name)
+            if variable is None or not variable.shape:
+                raise KeyError(f"sparse rows: {name!r} is not a variable with rows")
+            ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+            if ids.size and (ids.min() < 0 or ids.max() >= variable.shape[0]):
+                raise IndexError(f"sparse rows: {name!r} has rows 0..{variable.shape[0] - 1}")
+            for shard in self.placement.shards_of(name):
+                where = np.flatnonzero((ids >= shard.start) & (ids < shard.stop))
+                if where.size:
+                    plan[shard.ps].append((shard, ids[where] - shard.start, where))
+        return plan
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _receive(self, ps: int, method: str, start: Callable[[], Iterator[bytes]],
+                 specs: Sequence[streams.Spec], into: Sequence[np.ndarray | None],
+                 keep: list[np.ndarray | None] | None = None) -> int:
+        """Reads one reply stream into `into` (or new arrays, stored in `keep`); its step."""
+
+        def read() -> int:
+            replies = start()
+            header, first = streams.read_header(replies)
+            self._seen(ps, header.id)
+            got = [(t.name, tuple(t.shape), t.dtype) for t in header.tensors]
+            want = [(s.name, s.shape, s.dtype.name) for s in specs]
+            if got != want:
+                raise streams.StreamError(f"{method}: ps sent {got}, asked for {want}")
+            assembler = streams.Assembler(specs, into=into)
+            if specs:
+                assembler.add(first)
+            for decoded in streams.decode_all(replies):
+                assembler.add(decoded)
+            missing = assembler.missing()
+            if missing:
+                raise streams.StreamError(f"{method}: stream ended before {', '.join(missing)}")
+            if keep is not None:
+                keep[:] = [assembler.array(i) for i in range(len(specs))]
+            return header.step
+
+        try:
+            return self._call(ps, method, read)
+        except streams.StreamError as err:
+            raise PsClientError(ps=ps, address=self.addresses[ps], method=method, code=None,
+                                details=str(err)) from err
+
+    @staticmethod
+    def _spec(shard: Shard) -> tensor_pb2.TensorSpec:
+        return tensor_pb2.TensorSpec(name=shard.name, shape=shard.shape,
+                                     dtype=shard.variable.dtype)
+
+    @staticmethod
+    def _stream_spec(shard: Shard) -> streams.Spec:
+        return streams.Spec(shard.name, shard.shape, streams.dtype_of(shard.variable.dtype))
+
+    @staticmethod
+    def _shard_view(array: np.ndarray, shard: Shard) -> np.ndarray:
+        flat = array.reshape(-1).view(np.uint8)
+        part = flat[shard.byte_offset : shard.byte_offset + shard.nbytes]
+        return part.view(array.dtype).reshape(shard.shape)
+
+    def _named_arrays(self, values: Mapping[str, Any], *, what: str) -> dict[str, np.ndarray]:
+        out = {}
+        for var in self.placement.variables:
+            if var.name not in values:
+                raise KeyError(f"{what}: no value for variable {var.name!r}")
+            array = np.asarray(values[var.name])
+            dtype = streams.dtype_of(var.dtype)
+            if array.shape != var.shape:
+                raise ValueError(f"{what}: {var.name!r} has shape {array.shape}, "
+                                 f"the placement says {var.shape}")
+            out[var.name] = np.ascontiguousarray(array, dtype=dtype)
+        return out
+
+    @staticmethod
+    def _buffers(arrays: Mapping[str, np.ndarray], shards: Sequence[Shard]) -> Iterator[memoryview]:
+        for shard in shards:
+            view = streams.byte_view(arrays[shard.variable.name])
+            yield view[shard.byte_offset : shard.byte_offset + shard.nbytes]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for ch in self._channels:
+            ch.close()
+
+    def __enter__(self) -> PsClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

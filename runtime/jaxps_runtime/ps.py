@@ -1,0 +1,326 @@
+"""The ParameterServer gRPC servicer: decodes requests, checks them, calls the store.
+
+The servicer holds no state of its own beyond the `ParameterStore` (see its thread-safety
+contract): grpc may run any number of its methods at once. Every request is checked at the
+edge (job id, incarnation, epoch, state, shard names, shapes, chunk bounds) and refused with a
+status code and a message naming what was wrong; a refused request changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
+
+import grpc
+import numpy as np
+
+from jaxps.v1 import parameter_server_pb2 as ps_pb2
+from jaxps.v1 import tensor_pb2
+from jaxps_runtime import optim, streams
+from jaxps_runtime.shards import STATE_NAMES, ParameterStore, PsError
+
+log = logging.getLogger(__name__)
+
+
+def _abort(context: grpc.ServicerContext, err: PsError | streams.StreamError) -> NoReturn:
+    if isinstance(err, PsError):
+        context.abort(err.code, err.message)
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+    raise AssertionError("unreachable")  # context.abort raises
+
+
+def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Turns PsError and StreamError into gRPC statuses; logs anything unexpected."""
+    name = method.__name__
+
+    if name in ("Pull", "SparsePull"):
+
+        def stream(self: ParameterServicer, request: Any, context: grpc.ServicerContext) -> Any:
+            try:
+                yield from method(self, request, context)
+            except (PsError, streams.StreamError) as err:
+                _abort(context, err)
+
+        stream.__name__ = name
+        return stream
+
+    def unary(self: ParameterServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except (PsError, streams.StreamError) as err:
+            _abort(context, err)
+
+    unary.__name__ = name
+    return unary
+
+
+class ParameterServicer:
+    """Serves `jaxps.v1.ParameterServer` for one ps task."""
+
+    def __init__(
+        self, store: ParameterStore, *, on_shutdown: Callable[[str], None],
+        chunk_bytes: int = streams.CHUNK_BYTES,
+    ) -> None:
+        self.store = store
+        self._on_shutdown = on_shutdown
+        self._chunk_bytes = chunk_bytes
+        self._shutdown_once = threading.Lock()
+
+    # --- control ----------------------------------------------------------------------------
+
+    @_guarded
+    def Status(self, request: ps_pb2.StatusRequest, context: grpc.ServicerContext) -> Any:
+        self.store.check(request.id, method="Status", ready=False, allow_anonymous=True)
+        return self._status()
+
+    def _status(self) -> ps_pb2.StatusReply:
+        store = self.store
+        return ps_pb2.StatusReply(
+            id=store.identity(),
+            state=store.state,
+            step=store.step,
+            tensors=[s.to_proto() for s in store.specs()],
+            counters=store.counters.snapshot(),
+            optimizer=store.optimizer_json(),
+        )
+
+    @_guarded
+    def Init(self, request: ps_pb2.InitRequest, context: grpc.ServicerContext) -> Any:
+        self.store.check(request.id, method="Init", ready=False)
+        if request.id.cluster_epoch == 0:
+            raise PsError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "Init.id.cluster_epoch: got 0; expected the new epoch (>= 1)",
+            )
+        specs = [
+            streams.Spec.from_proto(t, where=f"Init.tensors[{i}]")
+            for i, t in enumerate(request.tensors)
+        ]
+        try:
+            optimizer = optim.OptimizerConfig.from_json(request.optimizer, where="Init.optimizer")
+        except optim.OptimizerError as err:
+            raise PsError(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from err
+        self.store.init(
+            epoch=request.id.cluster_epoch, specs=specs, optimizer=optimizer, step=request.step
+        )
+        log.info(
+            "%s: init epoch %d step %d, %d shards, optimizer %s", self.store.task,
+            request.id.cluster_epoch, request.step, len(specs), optimizer.to_json(),
+        )
+        return self._status()
+
+    @_guarded
+    def Assign(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+        header, first = streams.read_header(request_iterator)
+        self.store.check(header.id, method="Assign", ready=False)
+        if self.store.state not in (ps_pb2.ASSIGNING, ps_pb2.READY):
+            raise PsError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"Assign: {self.store.task} is {STATE_NAMES[self.store.state]}; call Init first",
+            )
+        specs = self._specs(header, where="Assign")
+        helds = [self.store.matching(s, where="Assign") for s in specs]
+        assembler = streams.Assembler(specs)
+        pending = []
+        for decoded in self._chunks(first, request_iterator):
+            done = assembler.add(decoded)
+            if done is not None:
+                pending.append(self.store.assign(helds[done].spec.name, assembler.array(done)))
+        self._require_complete(assembler, where="Assign")
+        for future in pending:
+            future.result()
+        return ps_pb2.AssignReply(
+            id=self.store.identity(), state=self.store.state, missing=self.store.unassigned()
+        )
+
+    @_guarded
+    def Shutdown(self, request: ps_pb2.ShutdownRequest, context: grpc.ServicerContext) -> Any:
+        self.store.check(request.id, method="Shutdown", ready=False)
+        log.info("%s: shutdown requested by %s: %s", self.store.task, request.id.task or "?",
+                 request.reason or "no reason given")
+        self.store.shutdown()
+        reply = ps_pb2.ShutdownReply(id=self.store.identity(), step=self.store.step)
+        self._on_shutdown(request.reason or "Shutdown RPC")
+        return reply
+
+    @_guarded
+    def Save(self, request: ps_pb2.SaveRequest, context: grpc.ServicerContext) -> Any:
+        self.store.check(request.id, method="Save")
+        raise PsError(grpc.StatusCode.UNIMPLEMENTED, "Save: checkpoints are not served yet")
+
+    @_guarded
+    def Restore(self, request: ps_pb2.RestoreRequest, context: grpc.ServicerContext) -> Any:
+        self.store.check(request.id, method="Restore", ready=False)
+        raise PsError(grpc.StatusCode.UNIMPLEMENTED, "Restore: checkpoints are not served yet")
+
+    # --- dense ------------------------------------------------------------------------------
+
+    @_guarded
+    def Push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+        store = self.store
+        header, first = streams.read_header(request_iterator)
+        store.check(header.id, method="Push")
+        specs = self._specs(header, where="Push")
+        helds = [store.matching(s, where="Push") for s in specs]
+        skip = store.already_applied(header.push_id)
+        assembler = streams.Assembler(specs)
+        pending = []
+        for decoded in self._chunks(first, request_iterator):
+            done = assembler.add(decoded)
+            if done is not None and specs[done].name not in skip:
+                grad = assembler.array(done)
+                pending.append(store.apply_dense(helds[done], grad, push_id=header.push_id))
+        store.counters.add("bytes_in", assembler.bytes)
+        missing = assembler.missing()
+        for future in pending:
+            future.result()
+        if missing:
+            store.counters.add("pushes_incomplete")
+            raise PsError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Push: stream ended before {', '.join(missing)}; the complete shards were "
+                "applied, a retry with the same push_id applies the rest",
+            )
+        result = store.finish_push(
+            push_id=header.push_id, computed_at=header.step, applied=len(pending)
+        )
+        reason = "" if pending or not specs else "duplicate push_id: already applied"
+        return ps_pb2.PushReply(
+            id=store.identity(), accepted=result.accepted, step=result.step, reason=reason
+        )
+
+    @_guarded
+    def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Any:
+        store = self.store
+        store.check(request.id, method="Pull")
+        if request.min_step:
+            store.wait_for_step(request.min_step, is_active=context.is_active)
+        names = list(request.names) or store.names()
+        step, values = store.snapshot(names)
+        arrays = [np.asarray(v) for _, v in values]
+        header = tensor_pb2.FrameHeader(
+            id=store.identity(), step=step, tensors=[s.to_proto() for s, _ in values]
+        )
+        sent = 0
+        for raw in streams.frames(
+            header, (streams.byte_view(a) for a in arrays), chunk_bytes=self._chunk_bytes
+        ):
+            sent += len(raw)
+            yield raw
+        store.counters.add("bytes_out", sent)
+        store.counters.add("pulls")
+
+    # --- sparse -----------------------------------------------------------------------------
+
+    @_guarded
+    def SparsePull(self, request: ps_pb2.SparsePullRequest, context: grpc.ServicerContext) -> Any:
+        store = self.store
+        store.check(request.id, method="SparsePull")
+        if request.min_step:
+            store.wait_for_step(request.min_step, is_active=context.is_active)
+        names = [s.name for s in request.selections]
+        step, values = store.snapshot(names)
+        arrays, specs = [], []
+        for i, (sel, (spec, value)) in enumerate(zip(request.selections, values, strict=True)):
+            ids = self._row_ids(sel.rows, spec, where=f"SparsePull.selections[{i}].rows")
+            arrays.append(np.asarray(value)[ids])
+            specs.append(streams.Spec(spec.name, (ids.size, *spec.shape[1:]), spec.dtype))
+        header = tensor_pb2.FrameHeader(
+            id=store.identity(), step=step,
+            tensors=[s.to_proto(rows=sel.rows) for s, sel in zip(specs, request.selections,
+                                                                 strict=True)],
+        )
+        sent = 0
+        for raw in streams.frames(
+            header, (streams.byte_view(a) for a in arrays), chunk_bytes=self._chunk_bytes
+        ):
+            sent += len(raw)
+            yield raw
+        store.counters.add("bytes_out", sent)
+        store.counters.add("sparse_pulls")
+
+    @_guarded
+    def SparsePush(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+        store = self.store
+        header, first = streams.read_header(request_iterator)
+        store.check(header.id, method="SparsePush")
+        specs = self._specs(header, where="SparsePush")
+        helds, ids = [], []
+        for i, (msg, spec) in enumerate(zip(header.tensors, specs, strict=True)):
+            held = store.matching(spec, where=f"SparsePush.tensors[{i}]", rows=True)
+            rows = self._row_ids(msg.rows, held.spec, where=f"SparsePush.tensors[{i}].rows")
+            if rows.size != (spec.shape[0] if spec.shape else -1):
+                raise PsError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"SparsePush.tensors[{i}]: {rows.size} row ids for {list(spec.shape)} values",
+                )
+            helds.append(held)
+            ids.append(rows)
+        skip = store.already_applied(header.push_id)
+        assembler = streams.Assembler(specs)
+        pending = []
+        for decoded in self._chunks(first, request_iterator):
+            done = assembler.add(decoded)
+            if done is not None and specs[done].name not in skip:
+                pending.append(store.apply_sparse(
+                    helds[done], ids[done], assembler.array(done), push_id=header.push_id
+                ))
+        store.counters.add("bytes_in", assembler.bytes)
+        for future in pending:
+            future.result()
+        self._require_complete(assembler, where="SparsePush")
+        result = store.finish_push(
+            push_id=header.push_id, computed_at=header.step, applied=len(pending)
+        )
+        return ps_pb2.PushReply(id=store.identity(), accepted=result.accepted, step=result.step)
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _specs(header: tensor_pb2.FrameHeader, *, where: str) -> list[streams.Spec]:
+        specs = [
+            streams.Spec.from_proto(t, where=f"{where}.tensors[{i}]")
+            for i, t in enumerate(header.tensors)
+        ]
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise streams.StreamError(f"{where}.tensors: shard {dup!r} appears twice")
+        return specs
+
+    @staticmethod
+    def _chunks(
+        first: Any, rest: Iterator[bytes]
+    ) -> Iterator[Any]:
+        if first.frame.header.tensors or len(first.data):
+            yield first
+        yield from streams.decode_all(rest)
+
+    @staticmethod
+    def _require_complete(assembler: streams.Assembler, *, where: str) -> None:
+        missing = assembler.missing()
+        if missing:
+            raise streams.StreamError(f"{where}: stream ended before {', '.join(missing)}")
+
+    @staticmethod
+    def _row_ids(raw: bytes, spec: streams.Spec, *, where: str) -> np.ndarray:
+        if len(raw) % 8:
+            raise PsError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{where}: {len(raw)} bytes; expected little-endian int64 row ids (8 bytes each)",
+            )
+        if not spec.shape:
+            raise PsError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{where}: shard {spec.name!r} is a scalar"
+            )
+        ids = np.frombuffer(raw, dtype="<i8")
+        if ids.size and (ids.min() < 0 or ids.max() >= spec.shape[0]):
+            bad = ids[(ids < 0) | (ids >= spec.shape[0])][0]
+            raise PsError(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"{where}: row {int(bad)} is outside shard {spec.name!r} of {spec.shape[0]} rows",
+            )
+        return ids
+

@@ -1,0 +1,143 @@
+"""gRPC wiring of the jaxps services, derived from their protobuf descriptors.
+
+Each method's streaming kind and message types come from `protos/`. Methods whose request or
+reply is `jaxps.v1.Frame` move raw bytes through grpc (no (de)serializer) so that `codec` can
+read payloads without copies; every other message goes through protobuf as usual. The same
+`ServiceSpec` builds the server's generic handler and the client's callables, so both sides
+always agree with the .proto files.
+
+Channels and servers lift grpc's 4 MiB receive limit on both ends (research pitfall 12).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import descriptor, message
+
+from jaxps.v1 import coordinator_pb2, parameter_server_pb2, tensor_pb2
+
+UNLIMITED = -1
+MESSAGE_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_send_message_length", UNLIMITED),
+    ("grpc.max_receive_message_length", UNLIMITED),
+)
+CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    *MESSAGE_OPTIONS,
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+)
+SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
+    *MESSAGE_OPTIONS,
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.so_reuseport", 0),
+)
+
+_FRAME = tensor_pb2.Frame.DESCRIPTOR.full_name
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One RPC: its path, its streaming kind and how each side (de)serializes."""
+
+    name: str
+    path: str
+    client_streaming: bool
+    server_streaming: bool
+    request: type[message.Message] | None  # None: raw Frame bytes (see `codec`)
+    reply: type[message.Message] | None
+
+    @property
+    def kind(self) -> str:
+        """grpc's name for the method kind, such as "stream_unary"."""
+        return (
+            f"{'stream' if self.client_streaming else 'unary'}_"
+            f"{'stream' if self.server_streaming else 'unary'}"
+        )
+
+
+def _message_class(
+    desc: descriptor.Descriptor, module_types: Mapping[str, type[message.Message]]
+) -> type[message.Message] | None:
+    if desc.full_name == _FRAME:
+        return None
+    return module_types[desc.full_name]
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """A service's methods, by name."""
+
+    full_name: str
+    methods: Mapping[str, MethodSpec]
+
+    @classmethod
+    def from_descriptor(
+        cls, desc: descriptor.ServiceDescriptor, *modules: Any
+    ) -> ServiceSpec:
+        types: dict[str, type[message.Message]] = {}
+        for module in modules:
+            for msg_desc in module.DESCRIPTOR.message_types_by_name.values():
+                types[msg_desc.full_name] = getattr(module, msg_desc.name)
+        methods = {
+            m.name: MethodSpec(
+                name=m.name,
+                path=f"/{desc.full_name}/{m.name}",
+                client_streaming=m.client_streaming,
+                server_streaming=m.server_streaming,
+                request=_message_class(m.input_type, types),
+                reply=_message_class(m.output_type, types),
+            )
+            for m in desc.methods
+        }
+        return cls(full_name=desc.full_name, methods=methods)
+
+    def generic_handler(self, servicer: object) -> grpc.GenericRpcHandler:
+        """A handler routing every method to the servicer's method of the same name."""
+        missing = [name for name in self.methods if not callable(getattr(servicer, name, None))]
+        if missing:
+            raise TypeError(f"{type(servicer).__name__} does not implement {', '.join(missing)}")
+        handlers = {}
+        for name, spec in self.methods.items():
+            make = getattr(grpc, f"{spec.kind}_rpc_method_handler")
+            handlers[name] = make(
+                getattr(servicer, name),
+                request_deserializer=spec.request.FromString if spec.request else None,
+                response_serializer=spec.reply.SerializeToString if spec.reply else None,
+            )
+        return grpc.method_handlers_generic_handler(self.full_name, handlers)
+
+    def callables(self, channel: grpc.Channel) -> dict[str, Callable[..., Any]]:
+        """Client callables for every method, bound to `channel`."""
+        out: dict[str, Callable[..., Any]] = {}
+        for name, spec in self.methods.items():
+            factory = getattr(channel, spec.kind)
+            out[name] = factory(
+                spec.path,
+                request_serializer=spec.request.SerializeToString if spec.request else None,
+                response_deserializer=spec.reply.FromString if spec.reply else None,
+            )
+        return out
+
+
+PARAMETER_SERVER = ServiceSpec.from_descriptor(
+    parameter_server_pb2.DESCRIPTOR.services_by_name["ParameterServer"],
+    parameter_server_pb2,
+    tensor_pb2,
+)
+COORDINATOR = ServiceSpec.from_descriptor(
+    coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"],
+    coordinator_pb2,
+    tensor_pb2,
+)
+
+
+def channel(address: str) -> grpc.Channel:
+    """An insecure channel to a peer with jaxps' options (one per peer, reuse it)."""
+    return grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))

@@ -1,0 +1,104 @@
+"""Running a ps task: the gRPC server, the health service, signals and a clean exit.
+
+`serve_ps` blocks until SIGTERM, SIGINT or the Shutdown RPC, then stops accepting calls, lets
+the calls in flight finish (a few seconds at most), and returns 0 so the pod or process ends
+Succeeded: a ps never lingers after its job (research pitfall 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+from types import FrameType
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from jaxps_runtime import rpc
+from jaxps_runtime.ps import ParameterServicer
+from jaxps_runtime.shards import ParameterStore
+
+log = logging.getLogger(__name__)
+
+GRACE_SECONDS = 5.0
+# Each stream in flight pins a thread: pushes and long-polling pulls from every worker at once.
+MAX_THREADS = 64
+
+
+class BindError(RuntimeError):
+    """The server could not listen on its address."""
+
+
+def bind_address(address: str, *, override: str | None = None) -> str:
+    """Where to listen: `override`, else loopback for a loopback address, else all interfaces."""
+    if override:
+        return override
+    host, _, port = address.rpartition(":")
+    if host in ("127.0.0.1", "localhost", "[::1]"):
+        return f"{host}:{port}"
+    return f"[::]:{port}"
+
+
+class PsServer:
+    """One ps task's server; `wait` returns once it is told to stop and has stopped."""
+
+    def __init__(self, *, address: str, job_id: str, task: str, bind: str | None = None) -> None:
+        self.store = ParameterStore(job_id=job_id, task=task)
+        self._stop = threading.Event()
+        self.reason = ""
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(MAX_THREADS, thread_name_prefix=f"{task}-rpc"),
+            options=list(rpc.SERVER_OPTIONS),
+        )
+        servicer = ParameterServicer(self.store, on_shutdown=self.stop)
+        self._server.add_generic_rpc_handlers((rpc.PARAMETER_SERVER.generic_handler(servicer),))
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        where = bind_address(address, override=bind)
+        try:
+            self.port = self._server.add_insecure_port(where)
+        except RuntimeError as err:
+            raise BindError(f"{task}: cannot listen on {where}: {err}") from err
+        if not self.port:
+            raise BindError(f"{task}: cannot listen on {where} (address in use?)")
+        self.task = task
+
+    def start(self) -> None:
+        self._server.start()
+        for service in ("", rpc.PARAMETER_SERVER.full_name):
+            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("%s: serving %s on port %d", self.task, rpc.PARAMETER_SERVER.full_name, self.port)
+
+    def stop(self, reason: str) -> None:
+        """Asks the server to stop; safe from any thread and from signal handlers."""
+        if not self._stop.is_set():
+            self.reason = reason
+            self._stop.set()
+
+    def wait(self) -> None:
+        self._stop.wait()
+        log.info("%s: stopping (%s) at step %d", self.task, self.reason, self.store.step)
+        self.health.enter_graceful_shutdown()
+        self.store.shutdown()
+        self._server.stop(GRACE_SECONDS).wait()
+        self.store.close()
+
+
+def serve_ps(*, address: str, job_id: str, task: str, bind: str | None = None) -> int:
+    """Serves until told to stop; returns the process exit code."""
+    try:
+        server = PsServer(address=address, job_id=job_id, task=task, bind=bind)
+    except BindError as err:
+        log.error("%s", err)
+        return 1
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        server.stop(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.start()
+    server.wait()
+    return 0

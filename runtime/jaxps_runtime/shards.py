@@ -1,0 +1,328 @@
+"""The state of one ps task: its shards, their optimizer state, its step, epoch and counters.
+
+Thread-safety contract (every method may be called from any of grpc's threads at once):
+- A shard's value is an immutable jax array. An update computes a new array and swaps the
+  reference under `_lock`; readers take references under the lock and read them without it.
+  So a pull sees whole shards, each of one version, and never blocks or is blocked by an update.
+- Every write of (value, optimizer state) runs on one applier thread, in submission order, so
+  no read-modify-write ever races. A push handler goes on receiving the next shard's chunks
+  while the applier updates the previous one (jax releases the GIL while it computes).
+- `_changed` (a Condition on `_lock`) is notified on every step or state change; pulls that
+  wait for a minimum step sleep on it.
+Errors are `PsError`s carrying the gRPC status code the servicer answers with.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxps.v1 import parameter_server_pb2 as ps_pb2
+from jaxps.v1 import tensor_pb2
+from jaxps_runtime import optim
+from jaxps_runtime.streams import Spec
+
+STATE_NAMES = {v: k for k, v in ps_pb2.PsState.items()}
+_REMEMBERED_PUSHES = 4096
+
+
+class PsError(Exception):
+    """A request the ps refuses; `code` is the gRPC status to answer with."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Held:
+    """One shard: its spec, current value and optimizer state (None until assigned)."""
+
+    spec: Spec
+    value: jax.Array | None = None
+    opt_state: Any = None
+
+
+@dataclass
+class Counters:
+    """Monotonic counters reported by Status (and, later, as Prometheus metrics)."""
+
+    values: dict[str, float] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, name: str, amount: float = 1.0) -> None:
+        with self.lock:
+            self.values[name] = self.values.get(name, 0.0) + amount
+
+    def set(self, name: str, value: float) -> None:
+        with self.lock:
+            self.values[name] = value
+
+    def snapshot(self) -> dict[str, float]:
+        with self.lock:
+            return dict(self.values)
+
+
+@dataclass(frozen=True)
+class PushResult:
+    accepted: bool
+    step: int
+    reason: str = ""
+
+
+class ParameterStore:
+    """What one ps holds, and the only code that changes it."""
+
+    def __init__(self, *, job_id: str, task: str, incarnation: int | None = None) -> None:
+        self.job_id = job_id
+        self.task = task
+        self.incarnation = incarnation or (secrets.randbits(62) | 1)
+        self.counters = Counters()
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._state: int = ps_pb2.UNINITIALIZED
+        self._epoch = 0
+        self._step = 0
+        self._tensors: dict[str, Held] = {}
+        self._optimizer: optim.OptimizerConfig | None = None
+        self._applier: optim.Applier | None = None
+        self._appliers: dict[str, optim.Applier] = {}  # by optimizer JSON: re-init reuses jits
+        self._pushes: OrderedDict[str, set[str]] = OrderedDict()  # push_id -> shards applied
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"{task}-apply")
+
+    # --- identity and state ------------------------------------------------------------
+
+    def identity(self) -> tensor_pb2.Identity:
+        with self._lock:
+            epoch = self._epoch
+        return tensor_pb2.Identity(
+            job_id=self.job_id, ps_incarnation=self.incarnation, cluster_epoch=epoch,
+            task=self.task,
+        )
+
+    @property
+    def state(self) -> int:
+        return self._state
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    def check(
+        self, caller: tensor_pb2.Identity, *, method: str, ready: bool = True,
+        allow_anonymous: bool = False,
+    ) -> None:
+        """Refuses callers of another job, of another ps incarnation or epoch, or too early."""
+        if not (allow_anonymous and not caller.job_id) and caller.job_id != self.job_id:
+            self.counters.add("refused_job")
+            raise PsError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{method}: job id {caller.job_id!r} is not this ps's job {self.job_id!r}; "
+                "refusing a client of another job",
+            )
+        if caller.ps_incarnation and caller.ps_incarnation != self.incarnation:
+            raise PsError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{method}: {self.task} restarted (incarnation {self.incarnation}, caller saw "
+                f"{caller.ps_incarnation}); re-register and pull again",
+            )
+        with self._lock:
+            epoch, state = self._epoch, self._state
+        if ready and caller.cluster_epoch and caller.cluster_epoch != epoch:
+            raise PsError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{method}: cluster epoch is {epoch}, caller is at {caller.cluster_epoch}; "
+                "pull again",
+            )
+        if ready and state != ps_pb2.READY:
+            raise PsError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{method}: {self.task} is {STATE_NAMES[state]}; the chief has not initialised "
+                "or restored it yet" if state != ps_pb2.SHUTTING_DOWN
+                else f"{method}: {self.task} is shutting down",
+            )
+
+    def held(self, name: str, *, where: str) -> Held:
+        held = self._tensors.get(name)
+        if held is None:
+            raise PsError(
+                grpc.StatusCode.NOT_FOUND,
+                f"{where}: {self.task} holds no shard {name!r} "
+                f"({len(self._tensors)} shards held)",
+            )
+        return held
+
+    def matching(self, spec: Spec, *, where: str, rows: bool = False) -> Held:
+        """The held shard `spec` names, if its dtype and shape fit (row shape for `rows`)."""
+        held = self.held(spec.name, where=where)
+        want = held.spec.shape[1:] if rows else held.spec.shape
+        got = spec.shape[1:] if rows else spec.shape
+        if got != want or spec.dtype != held.spec.dtype:
+            raise PsError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{where}: shard {spec.name!r} is {held.spec.dtype.name}{list(held.spec.shape)}"
+                f", got {spec.dtype.name}{list(spec.shape)}",
+            )
+        return held
+
+    # --- init and assign ---------------------------------------------------------------
+
+    def init(
+        self, *, epoch: int, specs: Sequence[Spec], optimizer: optim.OptimizerConfig, step: int
+    ) -> None:
+        """Declares the shards and optimizer; values arrive through `assign`."""
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise PsError(grpc.StatusCode.INVALID_ARGUMENT, f"Init.tensors: {dup!r} twice")
+        key = optimizer.to_json()
+        applier = self._appliers.get(key)
+        if applier is None:
+            applier = self._appliers[key] = optim.Applier(optim.build(optimizer))
+
+        def swap() -> None:
+            with self._changed:
+                self._tensors = {s.name: Held(s) for s in specs}
+                self._optimizer, self._applier = optimizer, applier
+                self._epoch, self._step = epoch, step
+                self._pushes.clear()
+                self._state = ps_pb2.ASSIGNING if specs else ps_pb2.READY
+                self._changed.notify_all()
+
+        self._executor.submit(swap).result()
+
+    def assign(self, name: str, array: np.ndarray) -> Future[None]:
+        """Sets a declared shard's value (copied) and resets its optimizer state."""
+
+        def run() -> None:
+            with self._lock:
+                held = self._tensors.get(name)
+                applier = self._applier
+            if held is None or applier is None:
+                return  # a new Init replaced the declared shards meanwhile
+            value = jnp.array(array, copy=True)
+            state = applier.init(value)
+            with self._changed:
+                held.value, held.opt_state = value, state
+                if self._state == ps_pb2.ASSIGNING and all(
+                    h.value is not None for h in self._tensors.values()
+                ):
+                    self._state = ps_pb2.READY
+                    self._changed.notify_all()
+
+        return self._executor.submit(run)
+
+    def unassigned(self) -> list[str]:
+        with self._lock:
+            return sorted(n for n, h in self._tensors.items() if h.value is None)
+
+    # --- push -----------------------------------------------------------------------------
+
+    def already_applied(self, push_id: str) -> set[str]:
+        """Shards a push with this id has updated already (a retry skips them)."""
+        with self._lock:
+            return set(self._pushes.get(push_id, ())) if push_id else set()
+
+    def apply_dense(self, held: Held, grad: np.ndarray, *, push_id: str) -> Future[None]:
+        """Queues the optimizer update of one shard with one gradient."""
+        return self._submit(held, push_id, lambda a, v, s: a.dense(v, s, jnp.asarray(grad)))
+
+    def apply_sparse(
+        self, held: Held, ids: np.ndarray, grads: np.ndarray, *, push_id: str
+    ) -> Future[None]:
+        """Queues the update of rows `ids` of one shard; duplicate ids are summed first."""
+        unique, summed = optim.sum_duplicate_rows(ids, grads)
+        return self._submit(held, push_id, lambda a, v, s: a.sparse(v, s, unique, summed))
+
+    def _submit(
+        self, held: Held, push_id: str,
+        update: Callable[[optim.Applier, jax.Array, Any], tuple[jax.Array, Any]],
+    ) -> Future[None]:
+        def run() -> None:
+            applier = self._applier
+            if held.value is None or applier is None:
+                return
+            started = time.perf_counter()
+            value, state = update(applier, held.value, held.opt_state)
+            value.block_until_ready()
+            with self._lock:
+                held.value, held.opt_state = value, state
+                if push_id:
+                    self._pushes.setdefault(push_id, set()).add(held.spec.name)
+            self.counters.add("apply_seconds", time.perf_counter() - started)
+
+        return self._executor.submit(run)
+
+    def finish_push(self, *, push_id: str, computed_at: int, applied: int) -> PushResult:
+        """Counts one push whose shards are applied: the step advances by one (async)."""
+        with self._changed:
+            if push_id in self._pushes:
+                self._pushes.move_to_end(push_id)
+                while len(self._pushes) > _REMEMBERED_PUSHES:
+                    self._pushes.popitem(last=False)
+            if applied:
+                self._step += 1
+                self._changed.notify_all()
+            step = self._step
+        self.counters.add("pushes_accepted")
+        self.counters.set("staleness", float(max(step - 1 - computed_at, 0)))
+        return PushResult(accepted=True, step=step)
+
+    # --- pull -----------------------------------------------------------------------------
+
+    def wait_for_step(self, min_step: int, *, is_active: Callable[[], bool]) -> int:
+        """Blocks until the step is at least `min_step` (or the call ends or the ps stops)."""
+        with self._changed:
+            while self._step < min_step:
+                if self._state == ps_pb2.SHUTTING_DOWN:
+                    raise PsError(grpc.StatusCode.UNAVAILABLE, f"{self.task} is shutting down")
+                if not is_active():
+                    raise PsError(grpc.StatusCode.CANCELLED, "the caller went away")
+                self._changed.wait(timeout=0.5)
+            return self._step
+
+    def snapshot(self, names: Iterable[str]) -> tuple[int, list[tuple[Spec, jax.Array]]]:
+        """The current step and values of the named shards, taken atomically."""
+        with self._lock:
+            out = []
+            for name in names:
+                held = self.held(name, where="Pull")
+                if held.value is None:
+                    raise PsError(
+                        grpc.StatusCode.FAILED_PRECONDITION, f"Pull: {name!r} has no value yet"
+                    )
+                out.append((held.spec, held.value))
+            return self._step, out
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._tensors)
+
+    def specs(self) -> list[Spec]:
+        with self._lock:
+            return [h.spec for h in self._tensors.values()]
+
+    def optimizer_json(self) -> str:
+        return self._optimizer.to_json() if self._optimizer else ""
+
+    # --- shutdown ---------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        with self._changed:
+            self._state = ps_pb2.SHUTTING_DOWN
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
