@@ -26,11 +26,17 @@ def _arguments(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         epilog="The task comes from TF_CONFIG, or from TF1 flags: --ps_hosts --worker_hosts "
         "[--chief_hosts --evaluator_hosts] --job_name --task_index.",
     )
-    parser.add_argument("--log-level", default=os.environ.get("JAXPS_LOG_LEVEL", "INFO"),
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    parser.add_argument("--bind", default=os.environ.get("JAXPS_BIND_ADDRESS"),
-                        help="host:port to listen on (default: the task's own address; all "
-                        "interfaces unless it is a loopback address)")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("JAXPS_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+    )
+    parser.add_argument(
+        "--bind",
+        default=os.environ.get("JAXPS_BIND_ADDRESS"),
+        help="host:port to listen on (default: the task's own address; all "
+        "interfaces unless it is a loopback address)",
+    )
     return parser.parse_known_args(argv)
 
 

@@ -33,11 +33,18 @@ T = TypeVar("T")
 class PsClientError(RuntimeError):
     """A ps refused or failed a call; says which ps, where, and what it answered."""
 
-    def __init__(self, *, ps: int, address: str, method: str, code: grpc.StatusCode | None,
-                 details: str) -> None:
+    def __init__(
+        self, *, ps: int, address: str, method: str, code: grpc.StatusCode | None, details: str
+    ) -> None:
         name = code.name if code else "ERROR"
         super().__init__(f"ps-{ps} at {address}: {method} failed with {name}: {details}")
-        self.ps, self.address, self.method, self.code, self.details = ps, address, method, code, details
+        self.ps, self.address, self.method, self.code, self.details = (
+            ps,
+            address,
+            method,
+            code,
+            details,
+        )
 
 
 class PsRestartedError(PsClientError):
@@ -48,7 +55,12 @@ class PsClient:
     """Pulls parameters from and pushes gradients to every ps of a job."""
 
     def __init__(
-        self, *, addresses: Sequence[str], placement: Placement, job_id: str, task: str,
+        self,
+        *,
+        addresses: Sequence[str],
+        placement: Placement,
+        job_id: str,
+        task: str,
         chunk_bytes: int = streams.CHUNK_BYTES,
     ) -> None:
         if len(addresses) != placement.num_ps:
@@ -71,8 +83,10 @@ class PsClient:
 
     def identity(self, ps: int) -> tensor_pb2.Identity:
         return tensor_pb2.Identity(
-            job_id=self.job_id, ps_incarnation=self.incarnations[ps],
-            cluster_epoch=self.epoch, task=self.task,
+            job_id=self.job_id,
+            ps_incarnation=self.incarnations[ps],
+            cluster_epoch=self.epoch,
+            task=self.task,
         )
 
     def _call(self, ps: int, method: str, fn: Callable[[], T]) -> T:
@@ -81,14 +95,18 @@ class PsClient:
         except grpc.RpcError as err:
             code, details = err.code(), err.details() or ""
             cls = PsRestartedError if "restarted" in details else PsClientError
-            raise cls(ps=ps, address=self.addresses[ps], method=method, code=code,
-                      details=details) from err
+            raise cls(
+                ps=ps, address=self.addresses[ps], method=method, code=code, details=details
+            ) from err
 
     def _seen(self, ps: int, identity: tensor_pb2.Identity) -> None:
         known = self.incarnations[ps]
         if known and identity.ps_incarnation != known:
             raise PsRestartedError(
-                ps=ps, address=self.addresses[ps], method="reply", code=None,
+                ps=ps,
+                address=self.addresses[ps],
+                method="reply",
+                code=None,
                 details=f"incarnation changed from {known} to {identity.ps_incarnation}",
             )
         self.incarnations[ps] = identity.ps_incarnation
@@ -101,11 +119,17 @@ class PsClient:
 
     # --- control ----------------------------------------------------------------------------
 
-    def status(self, ps: int, *, timeout: float | None = None,
-               wait_for_ready: bool = False) -> ps_pb2.StatusReply:
+    def status(
+        self, ps: int, *, timeout: float | None = None, wait_for_ready: bool = False
+    ) -> ps_pb2.StatusReply:
         request = ps_pb2.StatusRequest(id=tensor_pb2.Identity(job_id=self.job_id, task=self.task))
-        reply: ps_pb2.StatusReply = self._call(ps, "Status", lambda: self._calls[ps]["Status"](
-            request, timeout=timeout, wait_for_ready=wait_for_ready))
+        reply: ps_pb2.StatusReply = self._call(
+            ps,
+            "Status",
+            lambda: self._calls[ps]["Status"](
+                request, timeout=timeout, wait_for_ready=wait_for_ready
+            ),
+        )
         return reply
 
     def wait_reachable(self, *, timeout: float, log_every: float = 5.0) -> list[ps_pb2.StatusReply]:
@@ -119,8 +143,10 @@ class PsClient:
                     try:
                         replies[ps] = self.status(ps, timeout=1.0, wait_for_ready=True)
                     except PsClientError as err:
-                        if err.code not in (grpc.StatusCode.UNAVAILABLE,
-                                            grpc.StatusCode.DEADLINE_EXCEEDED):
+                        if err.code not in (
+                            grpc.StatusCode.UNAVAILABLE,
+                            grpc.StatusCode.DEADLINE_EXCEEDED,
+                        ):
                             raise
             waiting = [ps for ps, r in enumerate(replies) if r is None]
             if not waiting:
@@ -134,8 +160,12 @@ class PsClient:
                 last_log = time.monotonic()
 
     def init(
-        self, params: Mapping[str, np.ndarray], *, optimizer: optim.OptimizerConfig,
-        epoch: int, step: int = 0,
+        self,
+        params: Mapping[str, np.ndarray],
+        *,
+        optimizer: optim.OptimizerConfig,
+        epoch: int,
+        step: int = 0,
     ) -> None:
         """Declares every ps's shards, then streams their initial values (chief only)."""
         self.epoch = epoch
@@ -144,20 +174,28 @@ class PsClient:
         def one(ps: int) -> None:
             shards = self._shards[ps]
             request = ps_pb2.InitRequest(
-                id=self.identity(ps), tensors=[self._spec(s) for s in shards],
-                optimizer=optimizer.to_json(), step=step,
+                id=self.identity(ps),
+                tensors=[self._spec(s) for s in shards],
+                optimizer=optimizer.to_json(),
+                step=step,
             )
             reply = self._call(ps, "Init", lambda: self._calls[ps]["Init"](request))
             self._seen(ps, reply.id)
             header = tensor_pb2.FrameHeader(
                 id=self.identity(ps), step=step, tensors=[self._spec(s) for s in shards]
             )
-            frames = streams.frames(header, self._buffers(arrays, shards),
-                                    chunk_bytes=self._chunk_bytes)
+            frames = streams.frames(
+                header, self._buffers(arrays, shards), chunk_bytes=self._chunk_bytes
+            )
             assigned = self._call(ps, "Assign", lambda: self._calls[ps]["Assign"](frames))
             if assigned.missing:
-                raise PsClientError(ps=ps, address=self.addresses[ps], method="Assign",
-                                    code=None, details=f"still missing {list(assigned.missing)}")
+                raise PsClientError(
+                    ps=ps,
+                    address=self.addresses[ps],
+                    method="Assign",
+                    code=None,
+                    details=f"still missing {list(assigned.missing)}",
+                )
 
         self._each(one)
 
@@ -178,25 +216,31 @@ class PsClient:
 
     def pull(self, *, min_step: int = 0) -> tuple[int, dict[str, np.ndarray]]:
         """Every variable, whole; and the lowest step among the ps tasks."""
-        out = {v.name: np.empty(v.shape, dtype=streams.dtype_of(v.dtype))
-               for v in self.placement.variables}
+        out = {
+            v.name: np.empty(v.shape, dtype=streams.dtype_of(v.dtype))
+            for v in self.placement.variables
+        }
 
         def one(ps: int) -> int:
             shards = self._shards[ps]
-            if not shards:
-                return self.status(ps).step
             request = ps_pb2.PullRequest(
                 id=self.identity(ps), names=[s.name for s in shards], min_step=min_step
             )
             into = [self._shard_view(out[s.variable.name], s) for s in shards]
-            return self._receive(ps, "Pull", lambda: self._calls[ps]["Pull"](request),
-                                 [self._stream_spec(s) for s in shards], into)
+            return self._receive(
+                ps,
+                "Pull",
+                start=lambda: self._calls[ps]["Pull"](request),
+                specs=[self._stream_spec(s) for s in shards],
+                into=into,
+            )
 
         steps = self._each(one)
         return min(steps), out
 
-    def push(self, grads: Mapping[str, Any], *, step: int, push_id: str | None = None
-             ) -> list[ps_pb2.PushReply]:
+    def push(
+        self, grads: Mapping[str, Any], *, step: int, push_id: str | None = None
+    ) -> list[ps_pb2.PushReply]:
         """Pushes one gradient for every variable; each ps applies its shards' part."""
         arrays = self._named_arrays(grads, what="gradients")
         push_id = push_id or uuid.uuid4().hex
@@ -204,13 +248,17 @@ class PsClient:
         def one(ps: int) -> ps_pb2.PushReply:
             shards = self._shards[ps]
             header = tensor_pb2.FrameHeader(
-                id=self.identity(ps), step=step, push_id=push_id,
+                id=self.identity(ps),
+                step=step,
+                push_id=push_id,
                 tensors=[self._spec(s) for s in shards],
             )
-            frames = streams.frames(header, self._buffers(arrays, shards),
-                                    chunk_bytes=self._chunk_bytes)
-            reply: ps_pb2.PushReply = self._call(ps, "Push",
-                                                 lambda: self._calls[ps]["Push"](frames))
+            frames = streams.frames(
+                header, self._buffers(arrays, shards), chunk_bytes=self._chunk_bytes
+            )
+            reply: ps_pb2.PushReply = self._call(
+                ps, "Push", lambda: self._calls[ps]["Push"](frames)
+            )
             self._seen(ps, reply.id)
             return reply
 
@@ -226,36 +274,57 @@ class PsClient:
 
     # --- sparse -----------------------------------------------------------------------------
 
-    def sparse_pull(self, rows: Mapping[str, np.ndarray], *, min_step: int = 0
-                    ) -> dict[str, np.ndarray]:
+    def sparse_pull(
+        self, rows: Mapping[str, np.ndarray], *, min_step: int = 0
+    ) -> dict[str, np.ndarray]:
         """The given rows (any order, duplicates allowed) of embedding variables."""
         plan = self._route_rows(rows)
-        out = {name: np.empty((len(ids), *self._variables[name].shape[1:]),
-                              dtype=streams.dtype_of(self._variables[name].dtype))
-               for name, ids in rows.items()}
+        out = {
+            name: np.empty(
+                (len(ids), *self._variables[name].shape[1:]),
+                dtype=streams.dtype_of(self._variables[name].dtype),
+            )
+            for name, ids in rows.items()
+        }
 
         def one(ps: int) -> None:
             picks = plan[ps]
             if not picks:
                 return
             request = ps_pb2.SparsePullRequest(
-                id=self.identity(ps), min_step=min_step,
-                selections=[ps_pb2.RowSelection(name=s.name, rows=local.astype("<i8").tobytes())
-                            for s, local, _ in picks],
+                id=self.identity(ps),
+                min_step=min_step,
+                selections=[
+                    ps_pb2.RowSelection(name=s.name, rows=local.astype("<i8").tobytes())
+                    for s, local, _ in picks
+                ],
             )
-            specs = [streams.Spec(s.name, (local.size, *s.shape[1:]),
-                                  streams.dtype_of(s.variable.dtype)) for s, local, _ in picks]
+            specs = [
+                streams.Spec(s.name, (local.size, *s.shape[1:]), streams.dtype_of(s.variable.dtype))
+                for s, local, _ in picks
+            ]
             got: list[np.ndarray | None] = [None] * len(picks)
-            self._receive(ps, "SparsePull", lambda: self._calls[ps]["SparsePull"](request),
-                          specs, got, keep=got)
+            self._receive(
+                ps,
+                "SparsePull",
+                start=lambda: self._calls[ps]["SparsePull"](request),
+                specs=specs,
+                into=got,
+                keep=got,
+            )
             for (shard, _, where), values in zip(picks, got, strict=True):
                 out[shard.variable.name][where] = values
 
         self._each(one)
         return out
 
-    def sparse_push(self, grads: Mapping[str, tuple[np.ndarray, np.ndarray]], *, step: int,
-                    push_id: str | None = None) -> list[ps_pb2.PushReply]:
+    def sparse_push(
+        self,
+        grads: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        *,
+        step: int,
+        push_id: str | None = None,
+    ) -> list[ps_pb2.PushReply]:
         """Pushes gradient rows {variable: (row ids, rows)}; duplicate ids are summed by the ps."""
         plan = self._route_rows({name: ids for name, (ids, _) in grads.items()})
         push_id = push_id or uuid.uuid4().hex
@@ -264,33 +333,45 @@ class PsClient:
             picks = plan[ps]
             if not picks:
                 return None
-            values = [np.ascontiguousarray(
-                np.asarray(grads[s.variable.name][1])[where],
-                dtype=streams.dtype_of(s.variable.dtype)) for s, _, where in picks]
+            values = [
+                np.ascontiguousarray(
+                    np.asarray(grads[s.variable.name][1])[where],
+                    dtype=streams.dtype_of(s.variable.dtype),
+                )
+                for s, _, where in picks
+            ]
             header = tensor_pb2.FrameHeader(
-                id=self.identity(ps), step=step, push_id=push_id,
-                tensors=[streams.Spec(s.name, v.shape, v.dtype).to_proto(
-                    rows=local.astype("<i8").tobytes()) for (s, local, _), v in zip(
-                        picks, values, strict=True)],
+                id=self.identity(ps),
+                step=step,
+                push_id=push_id,
+                tensors=[
+                    streams.Spec(s.name, v.shape, v.dtype).to_proto(
+                        rows=local.astype("<i8").tobytes()
+                    )
+                    for (s, local, _), v in zip(picks, values, strict=True)
+                ],
             )
-            frames = streams.frames(header, (streams.byte_view(v) for v in values),
-                                    chunk_bytes=self._chunk_bytes)
+            frames = streams.frames(
+                header, (streams.byte_view(v) for v in values), chunk_bytes=self._chunk_bytes
+            )
             reply: ps_pb2.PushReply = self._call(
-                ps, "SparsePush", lambda: self._calls[ps]["SparsePush"](frames))
+                ps, "SparsePush", lambda: self._calls[ps]["SparsePush"](frames)
+            )
             self._seen(ps, reply.id)
             return reply
 
         return [r for r in self._each(one) if r is not None]
 
-    def _route_rows(self, rows: Mapping[str, np.ndarray]
-                    ) -> list[list[tuple[Shard, np.ndarray, np.ndarray]]]:
+    def _route_rows(
+        self, rows: Mapping[str, np.ndarray]
+    ) -> list[list[tuple[Shard, np.ndarray, np.ndarray]]]:
         """Per ps: (shard, shard-local row ids, positions in the caller's id array)."""
         plan: list[list[tuple[Shard, np.ndarray, np.ndarray]]] = [[] for _ in self.addresses]
-        for name, ids in rows.items():
+        for name, given in rows.items():
             variable = self._variables.get(name)
             if variable is None or not variable.shape:
                 raise KeyError(f"sparse rows: {name!r} is not a variable with rows")
-            ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+            ids = np.asarray(given, dtype=np.int64).reshape(-1)
             if ids.size and (ids.min() < 0 or ids.max() >= variable.shape[0]):
                 raise IndexError(f"sparse rows: {name!r} has rows 0..{variable.shape[0] - 1}")
             for shard in self.placement.shards_of(name):
@@ -301,9 +382,16 @@ class PsClient:
 
     # --- helpers ----------------------------------------------------------------------------
 
-    def _receive(self, ps: int, method: str, start: Callable[[], Iterator[bytes]],
-                 specs: Sequence[streams.Spec], into: Sequence[np.ndarray | None],
-                 keep: list[np.ndarray | None] | None = None) -> int:
+    def _receive(
+        self,
+        ps: int,
+        method: str,
+        *,
+        start: Callable[[], Iterator[bytes]],
+        specs: Sequence[streams.Spec],
+        into: Sequence[np.ndarray | None],
+        keep: list[np.ndarray | None] | None = None,
+    ) -> int:
         """Reads one reply stream into `into` (or new arrays, stored in `keep`); its step."""
 
         def read() -> int:
@@ -329,13 +417,13 @@ class PsClient:
         try:
             return self._call(ps, method, read)
         except streams.StreamError as err:
-            raise PsClientError(ps=ps, address=self.addresses[ps], method=method, code=None,
-                                details=str(err)) from err
+            raise PsClientError(
+                ps=ps, address=self.addresses[ps], method=method, code=None, details=str(err)
+            ) from err
 
     @staticmethod
     def _spec(shard: Shard) -> tensor_pb2.TensorSpec:
-        return tensor_pb2.TensorSpec(name=shard.name, shape=shard.shape,
-                                     dtype=shard.variable.dtype)
+        return tensor_pb2.TensorSpec(name=shard.name, shape=shard.shape, dtype=shard.variable.dtype)
 
     @staticmethod
     def _stream_spec(shard: Shard) -> streams.Spec:
@@ -355,8 +443,9 @@ class PsClient:
             array = np.asarray(values[var.name])
             dtype = streams.dtype_of(var.dtype)
             if array.shape != var.shape:
-                raise ValueError(f"{what}: {var.name!r} has shape {array.shape}, "
-                                 f"the placement says {var.shape}")
+                raise ValueError(
+                    f"{what}: {var.name!r} has shape {array.shape}, the placement says {var.shape}"
+                )
             out[var.name] = np.ascontiguousarray(array, dtype=dtype)
         return out
 

@@ -48,8 +48,9 @@ def runtime_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def wait_serving(address: str, *, timeout: float, process: subprocess.Popen[bytes] | None = None
-                 ) -> None:
+def wait_serving(
+    address: str, *, timeout: float, process: subprocess.Popen[bytes] | None = None
+) -> None:
     """Waits for the standard gRPC health service at `address` to report SERVING."""
     deadline = time.monotonic() + timeout
     with rpc.channel(address) as channel:
@@ -58,8 +59,9 @@ def wait_serving(address: str, *, timeout: float, process: subprocess.Popen[byte
             if process is not None and process.poll() is not None:
                 raise RuntimeError(f"{address}: process exited with {process.returncode}")
             try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0,
-                                   wait_for_ready=True)
+                reply = stub.Check(
+                    health_pb2.HealthCheckRequest(service=""), timeout=1.0, wait_for_ready=True
+                )
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             except grpc.RpcError:
@@ -76,8 +78,15 @@ class LocalPs:
     processes: list[subprocess.Popen[bytes]]
 
     @classmethod
-    def start(cls, num_ps: int, *, job_id: str = "test-job", workers: int = 1,
-              log_dir: Path | None = None, timeout: float = 60.0) -> LocalPs:
+    def start(
+        cls,
+        num_ps: int,
+        *,
+        job_id: str = "test-job",
+        workers: int = 1,
+        log_dir: Path | None = None,
+        timeout: float = 60.0,
+    ) -> LocalPs:
         ports = free_ports(num_ps + workers)
         spec = {
             "ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
@@ -87,11 +96,14 @@ class LocalPs:
         for i in range(num_ps):
             tf_config = cluster.build_tf_config(cluster=spec, task_type="ps", task_index=i)
             out = open(log_dir / f"ps-{i}.log", "wb") if log_dir else subprocess.DEVNULL  # noqa: SIM115
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "jaxps_runtime"],
-                env=runtime_env({"TF_CONFIG": tf_config, "JAXPS_JOB_UID": job_id}),
-                stdout=out, stderr=subprocess.STDOUT,
-            ))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "jaxps_runtime"],
+                    env=runtime_env({"TF_CONFIG": tf_config, "JAXPS_JOB_UID": job_id}),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
         running = cls(spec["ps"], procs)
         try:
             for address, proc in zip(running.addresses, procs, strict=True):

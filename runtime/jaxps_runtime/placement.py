@@ -71,8 +71,10 @@ class Shard:
 
     @property
     def nbytes(self) -> int:
-        return self.variable.nbytes if not self.variable.shape else (
-            (self.stop - self.start) * self.variable.row_bytes
+        return (
+            self.variable.nbytes
+            if not self.variable.shape
+            else ((self.stop - self.start) * self.variable.row_bytes)
         )
 
     @property
@@ -112,8 +114,13 @@ class Placement:
                 {"name": v.name, "shape": list(v.shape), "dtype": v.dtype} for v in self.variables
             ],
             "shards": [
-                {"name": s.name, "variable": s.variable.name, "ps": s.ps,
-                 "start": s.start, "stop": s.stop}
+                {
+                    "name": s.name,
+                    "variable": s.variable.name,
+                    "ps": s.ps,
+                    "start": s.start,
+                    "stop": s.stop,
+                }
                 for s in self.shards
             ],
         }

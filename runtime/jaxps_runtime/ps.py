@@ -60,7 +60,10 @@ class ParameterServicer:
     """Serves `jaxps.v1.ParameterServer` for one ps task."""
 
     def __init__(
-        self, store: ParameterStore, *, on_shutdown: Callable[[str], None],
+        self,
+        store: ParameterStore,
+        *,
+        on_shutdown: Callable[[str], None],
         chunk_bytes: int = streams.CHUNK_BYTES,
     ) -> None:
         self.store = store
@@ -106,8 +109,12 @@ class ParameterServicer:
             epoch=request.id.cluster_epoch, specs=specs, optimizer=optimizer, step=request.step
         )
         log.info(
-            "%s: init epoch %d step %d, %d shards, optimizer %s", self.store.task,
-            request.id.cluster_epoch, request.step, len(specs), optimizer.to_json(),
+            "%s: init epoch %d step %d, %d shards, optimizer %s",
+            self.store.task,
+            request.id.cluster_epoch,
+            request.step,
+            len(specs),
+            optimizer.to_json(),
         )
         return self._status()
 
@@ -138,8 +145,12 @@ class ParameterServicer:
     @_guarded
     def Shutdown(self, request: ps_pb2.ShutdownRequest, context: grpc.ServicerContext) -> Any:
         self.store.check(request.id, method="Shutdown", ready=False)
-        log.info("%s: shutdown requested by %s: %s", self.store.task, request.id.task or "?",
-                 request.reason or "no reason given")
+        log.info(
+            "%s: shutdown requested by %s: %s",
+            self.store.task,
+            request.id.task or "?",
+            request.reason or "no reason given",
+        )
         self.store.shutdown()
         reply = ps_pb2.ShutdownReply(id=self.store.identity(), step=self.store.step)
         self._on_shutdown(request.reason or "Shutdown RPC")
@@ -183,12 +194,9 @@ class ParameterServicer:
                 f"Push: stream ended before {', '.join(missing)}; the complete shards were "
                 "applied, a retry with the same push_id applies the rest",
             )
-        result = store.finish_push(
-            push_id=header.push_id, computed_at=header.step, applied=len(pending)
-        )
-        reason = "" if pending or not specs else "duplicate push_id: already applied"
+        result = store.finish_push(push_id=header.push_id, computed_at=header.step)
         return ps_pb2.PushReply(
-            id=store.identity(), accepted=result.accepted, step=result.step, reason=reason
+            id=store.identity(), accepted=result.accepted, step=result.step, reason=result.reason
         )
 
     @_guarded
@@ -228,9 +236,11 @@ class ParameterServicer:
             arrays.append(np.asarray(value)[ids])
             specs.append(streams.Spec(spec.name, (ids.size, *spec.shape[1:]), spec.dtype))
         header = tensor_pb2.FrameHeader(
-            id=store.identity(), step=step,
-            tensors=[s.to_proto(rows=sel.rows) for s, sel in zip(specs, request.selections,
-                                                                 strict=True)],
+            id=store.identity(),
+            step=step,
+            tensors=[
+                s.to_proto(rows=sel.rows) for s, sel in zip(specs, request.selections, strict=True)
+            ],
         )
         sent = 0
         for raw in streams.frames(
@@ -264,17 +274,19 @@ class ParameterServicer:
         for decoded in self._chunks(first, request_iterator):
             done = assembler.add(decoded)
             if done is not None and specs[done].name not in skip:
-                pending.append(store.apply_sparse(
-                    helds[done], ids[done], assembler.array(done), push_id=header.push_id
-                ))
+                pending.append(
+                    store.apply_sparse(
+                        helds[done], ids[done], assembler.array(done), push_id=header.push_id
+                    )
+                )
         store.counters.add("bytes_in", assembler.bytes)
         for future in pending:
             future.result()
         self._require_complete(assembler, where="SparsePush")
-        result = store.finish_push(
-            push_id=header.push_id, computed_at=header.step, applied=len(pending)
+        result = store.finish_push(push_id=header.push_id, computed_at=header.step)
+        return ps_pb2.PushReply(
+            id=store.identity(), accepted=result.accepted, step=result.step, reason=result.reason
         )
-        return ps_pb2.PushReply(id=store.identity(), accepted=result.accepted, step=result.step)
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -291,9 +303,7 @@ class ParameterServicer:
         return specs
 
     @staticmethod
-    def _chunks(
-        first: Any, rest: Iterator[bytes]
-    ) -> Iterator[Any]:
+    def _chunks(first: Any, rest: Iterator[bytes]) -> Iterator[Any]:
         if first.frame.header.tensors or len(first.data):
             yield first
         yield from streams.decode_all(rest)
@@ -323,4 +333,3 @@ class ParameterServicer:
                 f"{where}: row {int(bad)} is outside shard {spec.name!r} of {spec.shape[0]} rows",
             )
         return ids
-

@@ -78,9 +78,7 @@ class ServiceSpec:
     methods: Mapping[str, MethodSpec]
 
     @classmethod
-    def from_descriptor(
-        cls, desc: descriptor.ServiceDescriptor, *modules: Any
-    ) -> ServiceSpec:
+    def from_descriptor(cls, desc: descriptor.ServiceDescriptor, *modules: Any) -> ServiceSpec:
         types: dict[str, type[message.Message]] = {}
         for module in modules:
             for msg_desc in module.DESCRIPTOR.message_types_by_name.values():

@@ -92,14 +92,16 @@ class ParameterStore:
         self.counters = Counters()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._state: int = ps_pb2.UNINITIALIZED
+        self._state: ps_pb2.PsState = ps_pb2.UNINITIALIZED
         self._epoch = 0
         self._step = 0
         self._tensors: dict[str, Held] = {}
         self._optimizer: optim.OptimizerConfig | None = None
         self._applier: optim.Applier | None = None
         self._appliers: dict[str, optim.Applier] = {}  # by optimizer JSON: re-init reuses jits
-        self._pushes: OrderedDict[str, set[str]] = OrderedDict()  # push_id -> shards applied
+        # push_id -> shards it updated; `_finished` holds the ids whose push has counted a step.
+        self._pushes: OrderedDict[str, set[str]] = OrderedDict()
+        self._finished: set[str] = set()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"{task}-apply")
 
     # --- identity and state ------------------------------------------------------------
@@ -108,12 +110,14 @@ class ParameterStore:
         with self._lock:
             epoch = self._epoch
         return tensor_pb2.Identity(
-            job_id=self.job_id, ps_incarnation=self.incarnation, cluster_epoch=epoch,
+            job_id=self.job_id,
+            ps_incarnation=self.incarnation,
+            cluster_epoch=epoch,
             task=self.task,
         )
 
     @property
-    def state(self) -> int:
+    def state(self) -> ps_pb2.PsState:
         return self._state
 
     @property
@@ -121,7 +125,11 @@ class ParameterStore:
         return self._step
 
     def check(
-        self, caller: tensor_pb2.Identity, *, method: str, ready: bool = True,
+        self,
+        caller: tensor_pb2.Identity,
+        *,
+        method: str,
+        ready: bool = True,
         allow_anonymous: bool = False,
     ) -> None:
         """Refuses callers of another job, of another ps incarnation or epoch, or too early."""
@@ -150,7 +158,8 @@ class ParameterStore:
             raise PsError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{method}: {self.task} is {STATE_NAMES[state]}; the chief has not initialised "
-                "or restored it yet" if state != ps_pb2.SHUTTING_DOWN
+                "or restored it yet"
+                if state != ps_pb2.SHUTTING_DOWN
                 else f"{method}: {self.task} is shutting down",
             )
 
@@ -159,8 +168,7 @@ class ParameterStore:
         if held is None:
             raise PsError(
                 grpc.StatusCode.NOT_FOUND,
-                f"{where}: {self.task} holds no shard {name!r} "
-                f"({len(self._tensors)} shards held)",
+                f"{where}: {self.task} holds no shard {name!r} ({len(self._tensors)} shards held)",
             )
         return held
 
@@ -198,6 +206,7 @@ class ParameterStore:
                 self._optimizer, self._applier = optimizer, applier
                 self._epoch, self._step = epoch, step
                 self._pushes.clear()
+                self._finished.clear()
                 self._state = ps_pb2.ASSIGNING if specs else ps_pb2.READY
                 self._changed.notify_all()
 
@@ -247,7 +256,9 @@ class ParameterStore:
         return self._submit(held, push_id, lambda a, v, s: a.sparse(v, s, unique, summed))
 
     def _submit(
-        self, held: Held, push_id: str,
+        self,
+        held: Held,
+        push_id: str,
         update: Callable[[optim.Applier, jax.Array, Any], tuple[jax.Array, Any]],
     ) -> Future[None]:
         def run() -> None:
@@ -265,17 +276,28 @@ class ParameterStore:
 
         return self._executor.submit(run)
 
-    def finish_push(self, *, push_id: str, computed_at: int, applied: int) -> PushResult:
-        """Counts one push whose shards are applied: the step advances by one (async)."""
+    def finish_push(self, *, push_id: str, computed_at: int) -> PushResult:
+        """Counts one push whose shards are applied: the step advances by one (async).
+
+        Every ps counts every push, including pushes that carry none of its shards, so the ps
+        steps stay equal; a push whose id was counted before is a duplicate and counts nothing.
+        """
         with self._changed:
-            if push_id in self._pushes:
-                self._pushes.move_to_end(push_id)
-                while len(self._pushes) > _REMEMBERED_PUSHES:
-                    self._pushes.popitem(last=False)
-            if applied:
+            duplicate = bool(push_id) and push_id in self._finished
+            if not duplicate:
                 self._step += 1
                 self._changed.notify_all()
+            if push_id:
+                self._pushes.setdefault(push_id, set())
+                self._pushes.move_to_end(push_id)
+                self._finished.add(push_id)
+                while len(self._pushes) > _REMEMBERED_PUSHES:
+                    forgotten, _ = self._pushes.popitem(last=False)
+                    self._finished.discard(forgotten)
             step = self._step
+        if duplicate:
+            self.counters.add("pushes_duplicate")
+            return PushResult(accepted=True, step=step, reason="duplicate push_id: already applied")
         self.counters.add("pushes_accepted")
         self.counters.set("staleness", float(max(step - 1 - computed_at, 0)))
         return PushResult(accepted=True, step=step)

@@ -72,7 +72,7 @@ def byte_view(array: np.ndarray) -> memoryview:
     """A flat byte view of a C-contiguous array, without copying."""
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return array.reshape(-1).view(np.uint8).data
 
 
 def frames(

@@ -7,6 +7,7 @@ import pickle
 from typing import Any
 
 import pytest
+
 from jaxps_runtime import cluster
 
 FULL_CLUSTER: dict[str, list[str]] = {

@@ -1,0 +1,327 @@
+"""The parameter server, in real processes, over real gRPC on 127.0.0.1."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from jaxps.v1 import parameter_server_pb2, parameter_server_pb2_grpc, tensor_pb2
+from jaxps_runtime import launch, optim, placement, rpc, streams
+from jaxps_runtime.client import PsClient, PsClientError
+
+JOB_ID = "test-job"
+
+pytestmark = pytest.mark.process
+SGD_1 = optim.OptimizerConfig("sgd", {"learning_rate": 1.0})
+_epochs = itertools.count(1)
+
+
+def _client(
+    ps: launch.LocalPs,
+    tree: Any,
+    *,
+    task: str = "chief-0",
+    job_id: str = JOB_ID,
+    min_shard_bytes: int = placement.DEFAULT_MIN_SHARD_BYTES,
+) -> PsClient:
+    layout = placement.plan(
+        placement.variables_of(tree), num_ps=len(ps.addresses), min_shard_bytes=min_shard_bytes
+    )
+    return PsClient(addresses=ps.addresses, placement=layout, job_id=job_id, task=task)
+
+
+def _init(
+    ps: launch.LocalPs, tree: Any, optimizer: optim.OptimizerConfig = SGD_1, **kwargs: Any
+) -> tuple[PsClient, dict[str, np.ndarray]]:
+    client = _client(ps, tree, **kwargs)
+    _, named = placement.named_leaves(tree)
+    client.init(named, optimizer=optimizer, epoch=next(_epochs))
+    return client, named
+
+
+def _worker(chief: PsClient, task: str) -> PsClient:
+    client = PsClient(
+        addresses=chief.addresses, placement=chief.placement, job_id=JOB_ID, task=task
+    )
+    client.epoch = chief.epoch
+    return client
+
+
+def _model(rng: np.random.Generator) -> dict[str, Any]:
+    return {
+        "dense": {
+            "kernel": rng.standard_normal((512, 300)).astype(np.float32),
+            "bias": rng.standard_normal(300).astype(np.float32),
+        },
+        "out": {"kernel": rng.standard_normal((300, 10)).astype(np.float32)},
+        "scale": np.float32(2.5),
+    }
+
+
+def test_health_service_reports_serving(two_ps: launch.LocalPs) -> None:
+    for address in two_ps.addresses:
+        with rpc.channel(address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            for service in ("", "jaxps.v1.ParameterServer"):
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_push_then_pull_is_exact_with_sgd_learning_rate_one(two_ps: launch.LocalPs) -> None:
+    rng = np.random.default_rng(0)
+    client, params = _init(two_ps, _model(rng), min_shard_bytes=64 << 10)
+    assert {s.ps for s in client.placement.shards} == {0, 1}
+    step, pulled = client.pull()
+    assert step == 0
+    for name, value in params.items():
+        assert np.array_equal(pulled[name], value)
+    grads = {n: rng.standard_normal(np.shape(v)).astype(np.float32) for n, v in params.items()}
+    replies = client.push(grads, step=0)
+    assert [r.accepted for r in replies] == [True, True]
+    step, pulled = client.pull()
+    assert step == 1
+    for name, value in params.items():
+        expected = np.asarray(value, np.float32) - grads[name]
+        assert pulled[name].tobytes() == expected.tobytes(), name
+    client.close()
+
+
+def test_concurrent_pushes_from_several_clients_are_all_applied(two_ps: launch.LocalPs) -> None:
+    # Small integers are exact in float32 whatever the order of the additions.
+    tree = {"w": np.zeros((256, 512), np.float32), "b": np.zeros(64, np.float32)}
+    chief, _ = _init(two_ps, tree, min_shard_bytes=64 << 10)
+    workers, pushes_each = 4, 5
+    clients = [_worker(chief, f"worker-{i}") for i in range(workers)]
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            for k in range(pushes_each):
+                grads = {
+                    n: np.full(np.shape(v), -(i + 1) * (k + 1), np.float32)
+                    for n, v in placement.named_leaves(tree)[1].items()
+                }
+                assert all(r.accepted for r in clients[i].push(grads, step=k))
+        except BaseException as err:  # surfaced below
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    step, pulled = chief.pull()
+    total = sum((i + 1) * (k + 1) for i in range(workers) for k in range(pushes_each))
+    assert step == workers * pushes_each
+    for value in pulled.values():
+        assert np.all(value == total)
+    for c in [*clients, chief]:
+        c.close()
+
+
+def test_a_64_mib_pytree_round_trips(two_ps: launch.LocalPs) -> None:
+    rng = np.random.default_rng(1)
+    tree = {f"layer{i}": rng.standard_normal((1024, 2048)).astype(np.float32) for i in range(8)}
+    assert sum(v.nbytes for v in tree.values()) == 64 << 20
+    client, params = _init(two_ps, tree)
+    _, pulled = client.pull()
+    for name, value in params.items():
+        assert np.array_equal(pulled[name], value)
+    grads = {n: np.ones_like(v) for n, v in params.items()}
+    client.push(grads, step=0)
+    _, pulled = client.pull()
+    for name, value in params.items():
+        assert np.array_equal(pulled[name], value - 1)
+    client.close()
+
+
+def test_sparse_row_pull_and_push_touch_only_those_rows(two_ps: launch.LocalPs) -> None:
+    rows, dim = 50_000, 16
+    table = np.arange(rows * dim, dtype=np.float32).reshape(rows, dim)
+    client, _ = _init(two_ps, {"embedding": table, "bias": np.zeros(4, np.float32)})
+    shards = client.placement.shards_of("['embedding']")
+    assert len(shards) == 2  # 3.2 MB > 256 KiB: split over both ps
+    ids = np.array([3, 49_999, 3, 25_001, 7, 3])  # both shards, with duplicates
+    got = client.sparse_pull({"['embedding']": ids})["['embedding']"]
+    assert np.array_equal(got, table[ids])
+    grad_rows = np.ones((ids.size, dim), np.float32)
+    client.sparse_push({"['embedding']": (ids, grad_rows)}, step=0)
+    _, pulled = client.pull()
+    expected = table.copy()
+    np.subtract.at(expected, ids, 1.0)  # duplicate ids are summed: row 3 moves by 3
+    assert np.array_equal(pulled["['embedding']"], expected)
+    untouched = np.setdiff1d(np.arange(rows), ids)
+    assert np.array_equal(pulled["['embedding']"][untouched], table[untouched])
+    client.close()
+
+
+def test_sparse_updates_leave_other_rows_optimizer_state_alone(two_ps: launch.LocalPs) -> None:
+    table = np.zeros((1000, 4), np.float32)
+    client, _ = _init(
+        two_ps,
+        {"e": table},
+        optim.OptimizerConfig(
+            "adagrad", {"learning_rate": 1.0, "initial_accumulator_value": 0.0, "eps": 0.0}
+        ),
+    )
+    ids = np.array([1, 2])
+    client.sparse_push({"['e']": (ids, np.ones((2, 4), np.float32))}, step=0)
+    client.sparse_push({"['e']": (np.array([2]), np.ones((1, 4), np.float32))}, step=1)
+    _, pulled = client.pull()
+    # Adagrad: row 1 saw g=1 once (-1); row 2 saw it twice (-1 - 1/sqrt(2)); others stay 0.
+    assert np.allclose(pulled["['e']"][1], -1.0)
+    assert np.allclose(pulled["['e']"][2], -1.0 - 1 / np.sqrt(2), atol=1e-6)
+    assert not pulled["['e']"][[0, *range(3, 1000)]].any()
+    client.close()
+
+
+def test_a_client_of_another_job_is_refused(two_ps: launch.LocalPs) -> None:
+    tree = {"w": np.ones(8, np.float32)}
+    chief, _ = _init(two_ps, tree)
+    intruder = _client(two_ps, tree, job_id="someone-else", task="worker-9")
+    intruder.epoch = chief.epoch
+    with pytest.raises(PsClientError) as caught:
+        intruder.push({"['w']": np.ones(8, np.float32)}, step=0)
+    assert caught.value.code == grpc.StatusCode.PERMISSION_DENIED
+    assert "someone-else" in caught.value.details and JOB_ID in caught.value.details
+    with pytest.raises(PsClientError):
+        intruder.pull()
+    _, pulled = chief.pull()
+    assert np.array_equal(pulled["['w']"], np.ones(8, np.float32))  # nothing applied
+    intruder.close()
+    chief.close()
+
+
+def test_a_retried_push_is_applied_once(two_ps: launch.LocalPs) -> None:
+    chief, _ = _init(two_ps, {"w": np.zeros(1000, np.float32)})
+    grads = {"['w']": np.ones(1000, np.float32)}
+    first = chief.push(grads, step=0, push_id="push-42")
+    again = chief.push(grads, step=0, push_id="push-42")
+    assert [r.step for r in first] == [1, 1]
+    assert [r.step for r in again] == [1, 1]
+    assert all("duplicate" in r.reason for r in again)
+    _, pulled = chief.pull()
+    assert np.all(pulled["['w']"] == -1)
+    chief.close()
+
+
+def test_pull_waits_for_a_minimum_step(two_ps: launch.LocalPs) -> None:
+    chief, _ = _init(two_ps, {"w": np.zeros(10, np.float32)})
+    result: dict[str, Any] = {}
+    waiter = _worker(chief, "worker-1")
+    thread = threading.Thread(
+        target=lambda: result.update(zip(("step", "v"), waiter.pull(min_step=2)))
+    )
+    thread.start()
+    chief.push({"['w']": np.ones(10, np.float32)}, step=0)
+    assert thread.is_alive() or result.get("step", 0) >= 2
+    chief.push({"['w']": np.ones(10, np.float32)}, step=1)
+    thread.join(timeout=60)
+    assert result["step"] == 2
+    assert np.all(result["v"]["['w']"] == -2)
+    waiter.close()
+    chief.close()
+
+
+def _frames_stub_call(address: str, frames: list[bytes]) -> Any:
+    with rpc.channel(address) as channel:
+        push = rpc.PARAMETER_SERVER.callables(channel)["Push"]
+        return push(iter(frames), timeout=30)
+
+
+def test_malformed_pushes_are_refused_with_invalid_argument(two_ps: launch.LocalPs) -> None:
+    chief, _ = _init(two_ps, {"w": np.zeros(4, np.float32)})
+    shard = chief.placement.shards_of("['w']")[0]
+    address = two_ps.addresses[shard.ps]
+    spec = tensor_pb2.TensorSpec(name=shard.name, shape=[4], dtype="float32")
+    header = tensor_pb2.FrameHeader(id=chief.identity(shard.ps), tensors=[spec])
+    ok = np.ones(4, np.float32).tobytes()
+    cases = {
+        "no header": [streams.codec.encode(tensor_pb2.Frame(tensor=0), ok)],
+        "unknown shard": [
+            streams.codec.encode(
+                tensor_pb2.Frame(
+                    header=tensor_pb2.FrameHeader(
+                        id=header.id,
+                        tensors=[tensor_pb2.TensorSpec(name="nope", shape=[4], dtype="float32")],
+                    )
+                ),
+                ok,
+            )
+        ],
+        "wrong shape": [
+            streams.codec.encode(
+                tensor_pb2.Frame(
+                    header=tensor_pb2.FrameHeader(
+                        id=header.id,
+                        tensors=[
+                            tensor_pb2.TensorSpec(name=shard.name, shape=[5], dtype="float32")
+                        ],
+                    )
+                ),
+                ok,
+            )
+        ],
+        "chunk past the end": [
+            streams.codec.encode(tensor_pb2.Frame(header=header, offset=0), ok + ok)
+        ],
+        "out of order": [streams.codec.encode(tensor_pb2.Frame(header=header, offset=8), ok[:8])],
+        "truncated": [streams.codec.encode(tensor_pb2.Frame(header=header), ok[:8])],
+        "garbage": [b"\xff\xff\xff"],
+    }
+    for name, frames in cases.items():
+        with pytest.raises(grpc.RpcError) as caught:
+            _frames_stub_call(address, frames)
+        assert caught.value.code() in (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.NOT_FOUND,
+        ), name
+        assert caught.value.details(), name
+    _, pulled = chief.pull()
+    assert not pulled["['w']"].any()  # nothing of the bad pushes was applied
+    chief.close()
+
+
+def test_uninitialised_ps_refuses_pushes_and_the_generated_stub_interoperates() -> None:
+    ps = launch.LocalPs.start(1, job_id=JOB_ID)
+    try:
+        with rpc.channel(ps.addresses[0]) as channel:
+            stub = parameter_server_pb2_grpc.ParameterServerStub(channel)
+            status = stub.Status(parameter_server_pb2.StatusRequest(), timeout=10)
+            assert status.state == parameter_server_pb2.UNINITIALIZED
+            assert status.id.job_id == JOB_ID and status.id.ps_incarnation
+        client = _client(ps, {"w": np.zeros(4, np.float32)})
+        with pytest.raises(PsClientError) as caught:
+            client.push({"['w']": np.zeros(4, np.float32)}, step=0)
+        assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "UNINITIALIZED" in caught.value.details
+        client.shutdown(reason="test over")
+        assert ps.wait_exit(timeout=30) == [0]
+        client.close()
+    finally:
+        ps.stop()
+
+
+def test_sigterm_stops_a_ps_with_exit_code_zero() -> None:
+    ps = launch.LocalPs.start(1, job_id=JOB_ID)
+    assert ps.stop(timeout=30) == [0]
+
+
+def test_bad_optimizer_is_refused_naming_the_field(two_ps: launch.LocalPs) -> None:
+    client = _client(two_ps, {"w": np.zeros(4, np.float32)})
+    with pytest.raises(PsClientError) as caught:
+        client.init(
+            {"['w']": np.zeros(4, np.float32)},
+            optimizer=optim.OptimizerConfig("sgd", {"learning_rat": 0.1}),
+            epoch=99,
+        )
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "Init.optimizer.kwargs.learning_rat" in caught.value.details
+    client.close()
