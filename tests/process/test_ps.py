@@ -12,7 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from jaxps.v1 import parameter_server_pb2, parameter_server_pb2_grpc, tensor_pb2
-from jaxps_runtime import launch, optim, placement, rpc, streams
+from jaxps_runtime import codec, launch, optim, placement, rpc
 from jaxps_runtime.client import PsClient, PsClientError
 
 JOB_ID = "test-job"
@@ -190,7 +190,8 @@ def test_a_client_of_another_job_is_refused(two_ps: launch.LocalPs) -> None:
     with pytest.raises(PsClientError) as caught:
         intruder.push({"['w']": np.ones(8, np.float32)}, step=0)
     assert caught.value.code == grpc.StatusCode.PERMISSION_DENIED
-    assert "someone-else" in caught.value.details and JOB_ID in caught.value.details
+    assert "someone-else" in caught.value.details
+    assert JOB_ID in caught.value.details
     with pytest.raises(PsClientError):
         intruder.pull()
     _, pulled = chief.pull()
@@ -217,7 +218,7 @@ def test_pull_waits_for_a_minimum_step(two_ps: launch.LocalPs) -> None:
     result: dict[str, Any] = {}
     waiter = _worker(chief, "worker-1")
     thread = threading.Thread(
-        target=lambda: result.update(zip(("step", "v"), waiter.pull(min_step=2)))
+        target=lambda: result.update(zip(("step", "v"), waiter.pull(min_step=2), strict=False))
     )
     thread.start()
     chief.push({"['w']": np.ones(10, np.float32)}, step=0)
@@ -244,9 +245,9 @@ def test_malformed_pushes_are_refused_with_invalid_argument(two_ps: launch.Local
     header = tensor_pb2.FrameHeader(id=chief.identity(shard.ps), tensors=[spec])
     ok = np.ones(4, np.float32).tobytes()
     cases = {
-        "no header": [streams.codec.encode(tensor_pb2.Frame(tensor=0), ok)],
+        "no header": [codec.encode(tensor_pb2.Frame(tensor=0), ok)],
         "unknown shard": [
-            streams.codec.encode(
+            codec.encode(
                 tensor_pb2.Frame(
                     header=tensor_pb2.FrameHeader(
                         id=header.id,
@@ -257,7 +258,7 @@ def test_malformed_pushes_are_refused_with_invalid_argument(two_ps: launch.Local
             )
         ],
         "wrong shape": [
-            streams.codec.encode(
+            codec.encode(
                 tensor_pb2.Frame(
                     header=tensor_pb2.FrameHeader(
                         id=header.id,
@@ -269,11 +270,9 @@ def test_malformed_pushes_are_refused_with_invalid_argument(two_ps: launch.Local
                 ok,
             )
         ],
-        "chunk past the end": [
-            streams.codec.encode(tensor_pb2.Frame(header=header, offset=0), ok + ok)
-        ],
-        "out of order": [streams.codec.encode(tensor_pb2.Frame(header=header, offset=8), ok[:8])],
-        "truncated": [streams.codec.encode(tensor_pb2.Frame(header=header), ok[:8])],
+        "chunk past the end": [codec.encode(tensor_pb2.Frame(header=header, offset=0), ok + ok)],
+        "out of order": [codec.encode(tensor_pb2.Frame(header=header, offset=8), ok[:8])],
+        "truncated": [codec.encode(tensor_pb2.Frame(header=header), ok[:8])],
         "garbage": [b"\xff\xff\xff"],
     }
     for name, frames in cases.items():
@@ -293,10 +292,11 @@ def test_uninitialised_ps_refuses_pushes_and_the_generated_stub_interoperates() 
     ps = launch.LocalPs.start(1, job_id=JOB_ID)
     try:
         with rpc.channel(ps.addresses[0]) as channel:
-            stub = parameter_server_pb2_grpc.ParameterServerStub(channel)
+            stub = parameter_server_pb2_grpc.ParameterServerStub(channel)  # type: ignore[no-untyped-call]
             status = stub.Status(parameter_server_pb2.StatusRequest(), timeout=10)
             assert status.state == parameter_server_pb2.UNINITIALIZED
-            assert status.id.job_id == JOB_ID and status.id.ps_incarnation
+            assert status.id.job_id == JOB_ID
+            assert status.id.ps_incarnation
         client = _client(ps, {"w": np.zeros(4, np.float32)})
         with pytest.raises(PsClientError) as caught:
             client.push({"['w']": np.zeros(4, np.float32)}, step=0)

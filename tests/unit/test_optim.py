@@ -1,0 +1,76 @@
+"""Optimizers by name: clear errors at the edge, exact updates, sparse rows only."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxps_runtime import optim
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"name": "sgdd"}, "optimizer.name: 'sgdd' is not an optax optimizer; allowed: "),
+        ({"name": "sgd", "kwargs": {"lr": 0.1}}, "optimizer.kwargs.lr: optax.sgd has no argument"),
+        ({"name": "sgd"}, "missing a required argument: 'learning_rate'"),
+        ({"name": "adam", "kwargs": []}, "optimizer.kwargs: expected an object"),
+        ({"kwargs": {}}, "optimizer.name: expected an optax function name"),
+        ({"name": "sgd", "extra": 1}, "unknown key 'extra'"),
+        ("sgd", "expected an object"),
+        ({"name": "_scale"}, "is not an optax optimizer"),
+    ],
+    ids=[
+        "unknown-name",
+        "unknown-kwarg",
+        "missing-kwarg",
+        "kwargs-not-object",
+        "no-name",
+        "unknown-key",
+        "not-an-object",
+        "private-name",
+    ],
+)
+def test_bad_optimizer_configs_name_the_field(raw: object, message: str) -> None:
+    with pytest.raises(optim.OptimizerError) as caught:
+        optim.OptimizerConfig.from_dict(raw)
+    assert message in str(caught.value)
+
+
+def test_optimizer_config_round_trips_through_json() -> None:
+    config = optim.OptimizerConfig.from_dict({"name": "adagrad", "kwargs": {"learning_rate": 0.1}})
+    assert optim.OptimizerConfig.from_json(config.to_json()) == config
+
+
+def test_dense_update_equals_optax_on_the_whole_leaf() -> None:
+    tx = optax.adam(1e-2)
+    applier = optim.Applier(tx)
+    param = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)
+    grad = jnp.ones((3, 4), jnp.float32)
+    state = applier.init(param)
+    new, _ = applier.dense(param, state, grad)
+    updates, _ = tx.update(grad, tx.init(param), param)
+    assert np.array_equal(np.asarray(new), np.asarray(optax.apply_updates(param, updates)))
+
+
+def test_sparse_update_touches_only_the_given_rows() -> None:
+    applier = optim.Applier(optax.adagrad(1.0, initial_accumulator_value=0.0, eps=0.0))
+    param = jnp.zeros((100, 3), jnp.float32)
+    state = applier.init(param)
+    new, state = applier.sparse(param, state, np.array([5, 9]), np.ones((2, 3), np.float32))
+    touched = np.asarray(new)
+    assert np.allclose(touched[[5, 9]], -1.0)
+    assert not np.delete(touched, [5, 9], axis=0).any()
+    accum = np.asarray(state[0].sum_of_squares)
+    assert np.allclose(accum[[5, 9]], 1.0)
+    assert not np.delete(accum, [5, 9], axis=0).any()
+
+
+def test_duplicate_rows_are_summed() -> None:
+    ids, grads = optim.sum_duplicate_rows(
+        np.array([4, 1, 4, 4]), np.array([[1.0], [2.0], [3.0], [4.0]])
+    )
+    assert ids.tolist() == [1, 4]
+    assert grads.tolist() == [[2.0], [8.0]]
