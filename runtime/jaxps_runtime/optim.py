@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -158,7 +157,7 @@ class Applier:
         padded_ids[:n] = ids
         padded = np.zeros((size, *grad_rows.shape[1:]), dtype=grad_rows.dtype)
         padded[:n] = grad_rows
-        return self._sparse(param, state, jnp.asarray(padded_ids), jnp.asarray(padded))  # type: ignore[no-any-return]
+        return self._sparse(param, state, padded_ids, padded)  # type: ignore[no-any-return]
 
 
 def sum_duplicate_rows(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -176,7 +176,8 @@ class ParameterServicer:
         specs = self._specs(header, where="Push")
         helds = [store.matching(s, where="Push") for s in specs]
         skip = store.already_applied(header.push_id)
-        assembler = streams.Assembler(specs)
+        by_name = {h.spec.name: h for h in helds}
+        assembler = streams.Assembler(specs, allocate=lambda spec: by_name[spec.name].staging())
         pending = []
         for decoded in self._chunks(first, request_iterator):
             done = assembler.add(decoded)

@@ -25,7 +25,6 @@ from typing import Any
 
 import grpc
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
@@ -35,6 +34,7 @@ from jaxps_runtime.streams import Spec
 
 STATE_NAMES = {v: k for k, v in ps_pb2.PsState.items()}
 _REMEMBERED_PUSHES = 4096
+_SPARE_BUFFERS = 2
 
 
 class PsError(Exception):
@@ -48,11 +48,26 @@ class PsError(Exception):
 
 @dataclass
 class Held:
-    """One shard: its spec, current value and optimizer state (None until assigned)."""
+    """One shard: its spec, current value and optimizer state (None until assigned).
+
+    `spare` holds gradient staging buffers of finished pushes for the next ones to reuse:
+    fresh memory costs a page fault per 4 KiB, more than receiving the bytes into it.
+    """
 
     spec: Spec
     value: jax.Array | None = None
     opt_state: Any = None
+    spare: list[np.ndarray] = field(default_factory=list)
+
+    def staging(self) -> np.ndarray:
+        try:
+            return self.spare.pop()  # list.pop is atomic under the GIL
+        except IndexError:
+            return np.empty(self.spec.shape, dtype=self.spec.dtype)
+
+    def recycle(self, buffer: np.ndarray) -> None:
+        if len(self.spare) < _SPARE_BUFFERS and buffer.flags.writeable and buffer.base is None:
+            self.spare.append(buffer)
 
 
 @dataclass
@@ -221,7 +236,9 @@ class ParameterStore:
                 applier = self._applier
             if held is None or applier is None:
                 return  # a new Init replaced the declared shards meanwhile
-            value = jnp.array(array, copy=True)
+            # device_put copies (the source may be a view of received bytes); it is ~10x
+            # faster than jnp.asarray on large host arrays.
+            value = jax.device_put(np.array(array, copy=True))
             state = applier.init(value)
             with self._changed:
                 held.value, held.opt_state = value, state
@@ -246,7 +263,10 @@ class ParameterStore:
 
     def apply_dense(self, held: Held, grad: np.ndarray, *, push_id: str) -> Future[None]:
         """Queues the optimizer update of one shard with one gradient."""
-        return self._submit(held, push_id, lambda a, v, s: a.dense(v, s, jnp.asarray(grad)))
+        # numpy goes straight into the jitted update: jit transfers it far faster than jnp.asarray.
+        return self._submit(
+            held, push_id, lambda a, v, s: a.dense(v, s, grad), done=lambda: held.recycle(grad)
+        )
 
     def apply_sparse(
         self, held: Held, ids: np.ndarray, grads: np.ndarray, *, push_id: str
@@ -260,6 +280,7 @@ class ParameterStore:
         held: Held,
         push_id: str,
         update: Callable[[optim.Applier, jax.Array, Any], tuple[jax.Array, Any]],
+        done: Callable[[], None] | None = None,
     ) -> Future[None]:
         def run() -> None:
             applier = self._applier
@@ -273,6 +294,8 @@ class ParameterStore:
                 if push_id:
                     self._pushes.setdefault(push_id, set()).add(held.spec.name)
             self.counters.add("apply_seconds", time.perf_counter() - started)
+            if done is not None:
+                done()
 
         return self._executor.submit(run)
 

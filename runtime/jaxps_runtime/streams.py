@@ -10,7 +10,7 @@ Not thread-safe: one `Assembler` per stream.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -114,9 +114,14 @@ class Assembler:
     """Puts chunks back into whole tensors, in place into given buffers or into new ones."""
 
     def __init__(
-        self, specs: Sequence[Spec], *, into: Sequence[np.ndarray | None] | None = None
+        self,
+        specs: Sequence[Spec],
+        *,
+        into: Sequence[np.ndarray | None] | None = None,
+        allocate: Callable[[Spec], np.ndarray] | None = None,
     ) -> None:
         self.specs = tuple(specs)
+        self._allocate = allocate
         self._received = [0] * len(self.specs)
         self._arrays: list[np.ndarray | None] = list(into) if into else [None] * len(self.specs)
         self._complete = [False] * len(self.specs)
@@ -150,7 +155,10 @@ class Assembler:
             self._arrays[index] = np.frombuffer(data, dtype=spec.dtype).reshape(spec.shape)
         else:
             if out is None:
-                out = np.empty(spec.shape, dtype=spec.dtype)
+                if self._allocate:
+                    out = self._allocate(spec)
+                else:
+                    out = np.empty(spec.shape, dtype=spec.dtype)
                 self._arrays[index] = out
             flat = out.reshape(-1).view(np.uint8)
             flat[frame.offset : end] = np.frombuffer(data, dtype=np.uint8)

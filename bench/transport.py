@@ -1,0 +1,283 @@
+"""How fast tensors move: raw TCP, raw grpcio, and jaxps push/pull of a 64 MiB pytree.
+
+Prints one JSON object per measurement (DEVELOPERS.md format). Every server runs in its own
+process on 127.0.0.1, like a ps would. The baseline of the jaxps rows is raw grpcio in the same
+run: a generic handler moving raw 1 MiB byte chunks into a preallocated array (push) or out of
+one (pull), with no protobuf at all; `ratio` = jaxps MB/s / raw grpcio MB/s (above 1: jaxps is
+faster). jaxps push includes applying the gradient on the ps (SGD).
+
+    python bench/transport.py [--repeats 5] [--mib 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
+
+import grpc
+import numpy as np
+
+from jaxps_runtime import launch, optim, placement, rpc
+from jaxps_runtime.client import PsClient
+
+CHUNK = 1 << 20
+BENCH = "transport"
+
+
+def emit(
+    case: str,
+    *,
+    metric: str,
+    value: float,
+    unit: str,
+    baseline: str | None = None,
+    baseline_value: float | None = None,
+) -> None:
+    ratio = value / baseline_value if baseline_value else None
+    print(
+        json.dumps(
+            {
+                "bench": BENCH,
+                "case": case,
+                "metric": metric,
+                "value": round(value, 1),
+                "unit": unit,
+                "baseline": baseline,
+                "baseline_value": round(baseline_value, 1) if baseline_value else None,
+                "ratio": round(ratio, 3) if ratio else None,
+            }
+        ),
+        flush=True,
+    )
+
+
+def timed_median(fn: Callable[[], None], *, repeats: int) -> float:
+    fn()  # warm up
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+# --- servers (run as `transport.py --serve-tcp/--serve-grpc PORT NBYTES`) --------------------
+
+
+def serve_tcp(port: int, nbytes: int) -> None:
+    """Reads NBYTES per connection into one buffer, answers one byte."""
+    buf = bytearray(nbytes)
+    view = memoryview(buf)
+    with socket.create_server(("127.0.0.1", port)) as server:
+        print("ready", flush=True)
+        while True:
+            conn, _ = server.accept()
+            with conn:
+                got = 0
+                while got < nbytes:
+                    n = conn.recv_into(view[got:], nbytes - got)
+                    if not n:
+                        break
+                    got += n
+                conn.sendall(b"k")
+
+
+def serve_grpc(port: int, nbytes: int) -> None:
+    """Raw-bytes push (client stream into an array) and pull (server stream out of one)."""
+    target = np.zeros(nbytes // 4, np.float32)
+    flat = target.view(np.uint8)
+    source = np.random.default_rng(0).standard_normal(nbytes // 4).astype(np.float32)
+    src = memoryview(source.view(np.uint8))
+
+    def push(chunks: Iterator[bytes], _ctx: grpc.ServicerContext) -> bytes:
+        offset = 0
+        for chunk in chunks:
+            flat[offset : offset + len(chunk)] = np.frombuffer(chunk, np.uint8)
+            offset += len(chunk)
+        return b"ok"
+
+    def pull(_request: bytes, _ctx: grpc.ServicerContext) -> Iterator[bytes]:
+        for offset in range(0, nbytes, CHUNK):
+            yield src[offset : offset + CHUNK].tobytes()
+
+    server = grpc.server(futures.ThreadPoolExecutor(8), options=list(rpc.SERVER_OPTIONS))
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "raw.Raw",
+                {
+                    "Push": grpc.stream_unary_rpc_method_handler(push),
+                    "Pull": grpc.unary_stream_rpc_method_handler(pull),
+                },
+            ),
+        )
+    )
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    print("ready", flush=True)
+    server.wait_for_termination()
+
+
+def start_server(kind: str, nbytes: int) -> tuple[subprocess.Popen[bytes], int]:
+    port = launch.free_ports(1)[0]
+    proc = subprocess.Popen(
+        [sys.executable, __file__, f"--serve-{kind}", str(port), str(nbytes)],
+        stdout=subprocess.PIPE,
+        env=launch.runtime_env(),
+    )
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != b"ready":
+        raise RuntimeError(f"{kind} server did not start")
+    return proc, port
+
+
+# --- measurements -----------------------------------------------------------------------------
+
+
+def measure_tcp(nbytes: int, repeats: int) -> float:
+    proc, port = start_server("tcp", nbytes)
+    payload = memoryview(np.ones(nbytes, np.uint8))
+    try:
+
+        def once() -> None:
+            with socket.create_connection(("127.0.0.1", port)) as conn:
+                conn.sendall(payload)
+                conn.recv(1)
+
+        return nbytes / timed_median(once, repeats=repeats) / 1e6
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def measure_raw_grpc(nbytes: int, repeats: int) -> tuple[float, float]:
+    proc, port = start_server("grpc", nbytes)
+    data = np.random.default_rng(1).standard_normal(nbytes // 4).astype(np.float32)
+    mv = memoryview(data.view(np.uint8))
+    out = np.empty(nbytes // 4, np.float32)
+    out_flat = out.view(np.uint8)
+    try:
+        with rpc.channel(f"127.0.0.1:{port}") as channel:
+            push = channel.stream_unary("/raw.Raw/Push")
+            pull = channel.unary_stream("/raw.Raw/Pull")
+            grpc.channel_ready_future(channel).result(timeout=30)
+
+            def push_once() -> None:
+                push(mv[o : o + CHUNK].tobytes() for o in range(0, nbytes, CHUNK))
+
+            def pull_once() -> None:
+                offset = 0
+                for chunk in pull(b""):
+                    out_flat[offset : offset + len(chunk)] = np.frombuffer(chunk, np.uint8)
+                    offset += len(chunk)
+
+            push_rate = nbytes / timed_median(push_once, repeats=repeats) / 1e6
+            pull_rate = nbytes / timed_median(pull_once, repeats=repeats) / 1e6
+            return push_rate, pull_rate
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def measure_jaxps(nbytes: int, num_ps: int, repeats: int) -> tuple[float, float]:
+    leaves = 8
+    rows = nbytes // leaves // 4 // 2048
+    rng = np.random.default_rng(2)
+    tree = {
+        f"layer{i}": rng.standard_normal((rows, 2048)).astype(np.float32) for i in range(leaves)
+    }
+    grads = {k: np.full_like(v, 1e-3) for k, v in tree.items()}
+    _, named = placement.named_leaves(tree)
+    _, named_grads = placement.named_leaves(grads)
+    ps = launch.LocalPs.start(num_ps, job_id="bench")
+    try:
+        layout = placement.plan(placement.variables_of(tree), num_ps=num_ps)
+        with PsClient(
+            addresses=ps.addresses, placement=layout, job_id="bench", task="worker-0"
+        ) as client:
+            client.init(
+                named, optimizer=optim.OptimizerConfig("sgd", {"learning_rate": 0.1}), epoch=1
+            )
+            step = 0
+
+            def push_once() -> None:
+                nonlocal step
+                client.push(named_grads, step=step)
+                step += 1
+
+            push_rate = nbytes / timed_median(push_once, repeats=repeats) / 1e6
+            # Like the raw baseline, pull into buffers allocated once (as a training loop does).
+            _, buffers = client.pull()
+
+            def pull_once() -> None:
+                client.pull(into=buffers)
+
+            pull_rate = nbytes / timed_median(pull_once, repeats=repeats) / 1e6
+            client.shutdown(reason="bench done")
+            return push_rate, pull_rate
+    finally:
+        ps.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--serve-tcp", nargs=2, type=int, metavar=("PORT", "NBYTES"))
+    parser.add_argument("--serve-grpc", nargs=2, type=int, metavar=("PORT", "NBYTES"))
+    args = parser.parse_args()
+    if args.serve_tcp:
+        serve_tcp(*args.serve_tcp)
+        return
+    if args.serve_grpc:
+        serve_grpc(*args.serve_grpc)
+        return
+    nbytes = args.mib << 20
+    size = f"{args.mib}MiB"
+    tcp = measure_tcp(nbytes, args.repeats)
+    emit(f"raw-tcp-loopback-{size}", metric="throughput", value=tcp, unit="MB/s")
+    raw_push, raw_pull = measure_raw_grpc(nbytes, args.repeats)
+    for case, value in (
+        (f"raw-grpcio-push-{size}", raw_push),
+        (f"raw-grpcio-pull-{size}", raw_pull),
+    ):
+        emit(
+            case,
+            metric="throughput",
+            value=value,
+            unit="MB/s",
+            baseline="raw-tcp-loopback",
+            baseline_value=tcp,
+        )
+    for num_ps in (1, 2):
+        push, pull = measure_jaxps(nbytes, num_ps, args.repeats)
+        emit(
+            f"jaxps-push-{size}-{num_ps}ps",
+            metric="throughput",
+            value=push,
+            unit="MB/s",
+            baseline="raw-grpcio-push",
+            baseline_value=raw_push,
+        )
+        emit(
+            f"jaxps-pull-{size}-{num_ps}ps",
+            metric="throughput",
+            value=pull,
+            unit="MB/s",
+            baseline="raw-grpcio-pull",
+            baseline_value=raw_pull,
+        )
+
+
+if __name__ == "__main__":
+    main()
