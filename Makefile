@@ -46,12 +46,12 @@ format: install ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff format .
 
 protos: install ## Regenerate the Python stubs from protos/
-	PYTHON=$(PY) hack/gen-protos.sh
+	PYTHON=$(CURDIR)/$(PY) hack/gen-protos.sh
 
 verify: lint ## Lint, types, import contracts and the generated-stubs drift check
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	@tmp=$$(mktemp -d) && PYTHON=$(PY) hack/gen-protos.sh $$tmp && \
+	@tmp=$$(mktemp -d) && PYTHON=$(CURDIR)/$(PY) hack/gen-protos.sh $$tmp && \
 	  diff -r -x __pycache__ $$tmp/jaxps runtime/jaxps && rm -rf $$tmp && \
 	  echo "generated stubs match protos/" || { echo "stubs drifted: run 'make protos' and commit"; exit 1; }
 

@@ -212,14 +212,7 @@ class ParameterServicer:
         header = tensor_pb2.FrameHeader(
             id=store.identity(), step=step, tensors=[s.to_proto() for s, _ in values]
         )
-        sent = 0
-        for raw in streams.frames(
-            header, (streams.byte_view(a) for a in arrays), chunk_bytes=self._chunk_bytes
-        ):
-            sent += len(raw)
-            yield raw
-        store.counters.add("bytes_out", sent)
-        store.counters.add("pulls")
+        yield from self._send(header, arrays, counter="pulls")
 
     # --- sparse -----------------------------------------------------------------------------
 
@@ -243,14 +236,7 @@ class ParameterServicer:
                 s.to_proto(rows=sel.rows) for s, sel in zip(specs, request.selections, strict=True)
             ],
         )
-        sent = 0
-        for raw in streams.frames(
-            header, (streams.byte_view(a) for a in arrays), chunk_bytes=self._chunk_bytes
-        ):
-            sent += len(raw)
-            yield raw
-        store.counters.add("bytes_out", sent)
-        store.counters.add("sparse_pulls")
+        yield from self._send(header, arrays, counter="sparse_pulls")
 
     @_guarded
     def SparsePush(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Any:
@@ -290,6 +276,19 @@ class ParameterServicer:
         )
 
     # --- helpers ----------------------------------------------------------------------------
+
+    def _send(
+        self, header: tensor_pb2.FrameHeader, arrays: list[np.ndarray], *, counter: str
+    ) -> Iterator[bytes]:
+        """Streams `arrays` after `header` in ~1 MiB frames, counting what went out."""
+        sent = 0
+        for raw in streams.frames(
+            header, (streams.byte_view(a) for a in arrays), chunk_bytes=self._chunk_bytes
+        ):
+            sent += len(raw)
+            yield raw
+        self.store.counters.add("bytes_out", sent)
+        self.store.counters.add(counter)
 
     @staticmethod
     def _specs(header: tensor_pb2.FrameHeader, *, where: str) -> list[streams.Spec]:
