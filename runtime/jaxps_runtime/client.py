@@ -94,7 +94,9 @@ class PsClient:
             return fn()
         except grpc.RpcError as err:
             code, details = err.code(), err.details() or ""
-            cls = PsRestartedError if "restarted" in details else PsClientError
+            trailing = dict(err.trailing_metadata() or ())
+            restarted = trailing.get(rpc.REASON_KEY) == rpc.PS_RESTARTED
+            cls = PsRestartedError if restarted else PsClientError
             raise cls(
                 ps=ps, address=self.addresses[ps], method=method, code=code, details=details
             ) from err

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,10 +136,3 @@ class LocalPs:
             except subprocess.TimeoutExpired:
                 codes.append(None)
         return codes
-
-
-def start_ps(num_ps: int, **kwargs: object) -> LocalPs:
-    return LocalPs.start(num_ps, **kwargs)  # type: ignore[arg-type]
-
-
-__all__: Sequence[str] = ("LocalPs", "free_ports", "runtime_env", "start_ps", "wait_serving")

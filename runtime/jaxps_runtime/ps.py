@@ -18,7 +18,7 @@ import numpy as np
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import optim, streams
+from jaxps_runtime import optim, rpc, streams
 from jaxps_runtime.shards import STATE_NAMES, ParameterStore, PsError
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 def _abort(context: grpc.ServicerContext, err: PsError | streams.StreamError) -> NoReturn:
     if isinstance(err, PsError):
+        if err.reason:
+            context.set_trailing_metadata(((rpc.REASON_KEY, err.reason),))
         context.abort(err.code, err.message)
     context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
     raise AssertionError("unreachable")  # context.abort raises

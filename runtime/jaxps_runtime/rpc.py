@@ -39,6 +39,11 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.so_reuseport", 0),
 )
 
+# A refusal's machine-readable reason travels in this trailing-metadata key, so that clients
+# act on it rather than on the message text.
+REASON_KEY = "jaxps-reason"
+PS_RESTARTED = "ps-restarted"  # the caller saw another incarnation of this ps: re-register
+
 _FRAME = tensor_pb2.Frame.DESCRIPTOR.full_name
 
 

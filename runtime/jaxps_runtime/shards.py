@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import optim
+from jaxps_runtime import optim, rpc
 from jaxps_runtime.streams import Spec
 
 STATE_NAMES = {v: k for k, v in ps_pb2.PsState.items()}
@@ -40,10 +40,11 @@ _SPARE_BUFFERS = 2
 class PsError(Exception):
     """A request the ps refuses; `code` is the gRPC status to answer with."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, *, reason: str = "") -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.reason = reason
 
 
 @dataclass
@@ -160,6 +161,7 @@ class ParameterStore:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{method}: {self.task} restarted (incarnation {self.incarnation}, caller saw "
                 f"{caller.ps_incarnation}); re-register and pull again",
+                reason=rpc.PS_RESTARTED,
             )
         with self._lock:
             epoch, state = self._epoch, self._state

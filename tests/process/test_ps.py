@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from jaxps.v1 import parameter_server_pb2, parameter_server_pb2_grpc, tensor_pb2
 from jaxps_runtime import codec, launch, optim, placement, rpc
-from jaxps_runtime.client import PsClient, PsClientError
+from jaxps_runtime.client import PsClient, PsClientError, PsRestartedError
 
 JOB_ID = "test-job"
 
@@ -325,3 +325,19 @@ def test_bad_optimizer_is_refused_naming_the_field(two_ps: launch.LocalPs) -> No
     assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "Init.optimizer.kwargs.learning_rat" in caught.value.details
     client.close()
+
+
+def test_a_client_that_saw_another_incarnation_is_told_the_ps_restarted(
+    two_ps: launch.LocalPs,
+) -> None:
+    chief, _ = _init(two_ps, {"w": np.zeros(4, np.float32)})
+    stale = _worker(chief, "worker-1")
+    stale.incarnations = [i + 1 for i in chief.incarnations]  # as if each ps had restarted
+    with pytest.raises(PsRestartedError) as caught:
+        stale.push({"['w']": np.ones(4, np.float32)}, step=0)
+    assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "restarted" in caught.value.details
+    _, pulled = chief.pull()
+    assert not pulled["['w']"].any()
+    stale.close()
+    chief.close()
