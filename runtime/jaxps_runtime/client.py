@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -25,6 +25,7 @@ from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime import optim, rpc, streams
 from jaxps_runtime.placement import Layout, Placement, Shard, named_leaves
+from jaxps_runtime.shards import Mode
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -168,9 +169,12 @@ class PsClient:
         optimizer: optim.OptimizerConfig,
         epoch: int,
         step: int = 0,
+        mode: Mode | None = None,
+        workers: Sequence[str] = (),
     ) -> None:
-        """Declares every ps's shards, then streams their initial values (chief only)."""
+        """Declares every ps's shards and mode, then streams their initial values (chief only)."""
         self.epoch = epoch
+        mode = mode or Mode()
         arrays = self._named_arrays(params, what="params")
 
         def one(ps: int) -> None:
@@ -180,6 +184,11 @@ class PsClient:
                 tensors=[self._spec(s) for s in shards],
                 optimizer=optimizer.to_json(),
                 step=step,
+                mode=mode.kind,
+                replicas_to_aggregate=mode.replicas_to_aggregate,
+                max_staleness=mode.max_staleness,
+                last_step=mode.last_step,
+                workers=list(workers),
             )
             reply = self._call(ps, "Init", lambda: self._calls[ps]["Init"](request))
             self._seen(ps, reply.id)
@@ -201,6 +210,15 @@ class PsClient:
 
         self._each(one)
 
+    def set_workers(self, workers: Sequence[str]) -> None:
+        """Tells every ps which workers are alive (chief only)."""
+
+        def one(ps: int) -> None:
+            request = ps_pb2.SetWorkersRequest(id=self.identity(ps), workers=list(workers))
+            self._call(ps, "SetWorkers", lambda: self._calls[ps]["SetWorkers"](request, timeout=30))
+
+        self._each(one)
+
     def shutdown(self, *, reason: str) -> None:
         """Asks every ps to exit 0; a ps that is already gone counts as done."""
 
@@ -217,18 +235,23 @@ class PsClient:
     # --- dense ------------------------------------------------------------------------------
 
     def pull(
-        self, *, min_step: int = 0, into: Mapping[str, np.ndarray] | None = None
+        self,
+        *,
+        min_step: int = 0,
+        into: Mapping[str, np.ndarray] | None = None,
+        variables: Collection[str] | None = None,
     ) -> tuple[int, dict[str, np.ndarray]]:
         """Every variable, whole; and the lowest step among the ps tasks.
 
         `into` (for instance the arrays of the previous pull, once they are no longer used)
         receives the values in place: a training loop that reuses its buffers saves the page
-        faults of 2 x model size of fresh memory per step.
+        faults of 2 x model size of fresh memory per step. `variables` limits the pull to those
+        (a model pulls its dense variables whole and only the rows it needs of its tables).
         """
-        out = self._outputs(into)
+        out = self._outputs(into, variables)
 
         def one(ps: int) -> int:
-            shards = self._shards[ps]
+            shards = [s for s in self._shards[ps] if s.variable.name in out]
             request = ps_pb2.PullRequest(
                 id=self.identity(ps), names=[s.name for s in shards], min_step=min_step
             )
@@ -427,9 +450,13 @@ class PsClient:
                 ps=ps, address=self.addresses[ps], method=method, code=None, details=str(err)
             ) from err
 
-    def _outputs(self, into: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    def _outputs(
+        self, into: Mapping[str, np.ndarray] | None, variables: Collection[str] | None
+    ) -> dict[str, np.ndarray]:
         out = {}
         for var in self.placement.variables:
+            if variables is not None and var.name not in variables:
+                continue
             dtype = streams.dtype_of(var.dtype)
             given = into.get(var.name) if into else None
             if given is not None and (

@@ -19,7 +19,7 @@ import numpy as np
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime import optim, rpc, streams
-from jaxps_runtime.shards import STATE_NAMES, ParameterStore, PsError
+from jaxps_runtime.shards import STATE_NAMES, Mode, ParameterStore, PsError, PushResult
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,8 @@ class ParameterServicer:
             tensors=[s.to_proto() for s in store.specs()],
             counters=store.counters.snapshot(),
             optimizer=store.optimizer_json(),
+            mode=store.mode.kind,
+            awaiting=store.awaiting(),
         )
 
     @_guarded
@@ -107,16 +109,40 @@ class ParameterServicer:
             optimizer = optim.OptimizerConfig.from_json(request.optimizer, where="Init.optimizer")
         except optim.OptimizerError as err:
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from err
+        if request.mode == ps_pb2.TRAINING_MODE_UNSPECIFIED:
+            raise PsError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "Init.mode: unspecified; expected ASYNC, SYNC or BOUNDED_STALENESS",
+            )
+        for field in ("replicas_to_aggregate", "max_staleness", "last_step"):
+            if getattr(request, field) < 0:
+                raise PsError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"Init.{field}: got {getattr(request, field)}; expected >= 0",
+                )
+        mode = Mode(
+            kind=request.mode,
+            replicas_to_aggregate=request.replicas_to_aggregate,
+            max_staleness=request.max_staleness,
+            last_step=request.last_step,
+        )
         self.store.init(
-            epoch=request.id.cluster_epoch, specs=specs, optimizer=optimizer, step=request.step
+            epoch=request.id.cluster_epoch,
+            specs=specs,
+            optimizer=optimizer,
+            step=request.step,
+            mode=mode,
+            workers=list(request.workers),
         )
         log.info(
-            "%s: init epoch %d step %d, %d shards, optimizer %s",
+            "%s: init epoch %d step %d, %d shards, optimizer %s, mode %s, workers %s",
             self.store.task,
             request.id.cluster_epoch,
             request.step,
             len(specs),
             optimizer.to_json(),
+            ps_pb2.TrainingMode.Name(request.mode),
+            list(request.workers),
         )
         return self._status()
 
@@ -159,6 +185,13 @@ class ParameterServicer:
         return reply
 
     @_guarded
+    def SetWorkers(self, request: ps_pb2.SetWorkersRequest, context: grpc.ServicerContext) -> Any:
+        self.store.check(request.id, method="SetWorkers")
+        log.info("%s: live workers now %s", self.store.task, list(request.workers))
+        self.store.set_workers(list(request.workers))
+        return self._status()
+
+    @_guarded
     def Save(self, request: ps_pb2.SaveRequest, context: grpc.ServicerContext) -> Any:
         self.store.check(request.id, method="Save")
         raise PsError(grpc.StatusCode.UNIMPLEMENTED, "Save: checkpoints are not served yet")
@@ -177,9 +210,26 @@ class ParameterServicer:
         store.check(header.id, method="Push")
         specs = self._specs(header, where="Push")
         helds = [store.matching(s, where="Push") for s in specs]
-        skip = store.already_applied(header.push_id)
+        refusal = store.admit(step=header.step)
+        if refusal is not None:
+            return self._push_reply(refusal)
         by_name = {h.spec.name: h for h in helds}
         assembler = streams.Assembler(specs, allocate=lambda spec: by_name[spec.name].staging())
+        if store.mode.kind == ps_pb2.SYNC:
+            for decoded in self._chunks(first, request_iterator):
+                assembler.add(decoded)
+            store.counters.add("bytes_in", assembler.bytes)
+            self._require_complete(assembler, where="Push")
+            grads = {
+                s.name: (h, assembler.array(i))
+                for i, (s, h) in enumerate(zip(specs, helds, strict=True))
+            }
+            contributor = header.id.task or header.push_id
+            return self._push_reply(
+                store.contribute(step=header.step, contributor=contributor, grads=grads)
+            )
+        # Async and bounded staleness: each shard is updated as soon as its bytes are in.
+        skip = store.already_applied(header.push_id)
         pending = []
         for decoded in self._chunks(first, request_iterator):
             done = assembler.add(decoded)
@@ -197,9 +247,18 @@ class ParameterServicer:
                 f"Push: stream ended before {', '.join(missing)}; the complete shards were "
                 "applied, a retry with the same push_id applies the rest",
             )
-        result = store.finish_push(push_id=header.push_id, computed_at=header.step)
+        return self._push_reply(
+            store.finish_push(
+                push_id=header.push_id, computed_at=header.step, contributor=header.id.task
+            )
+        )
+
+    def _push_reply(self, result: PushResult) -> ps_pb2.PushReply:
         return ps_pb2.PushReply(
-            id=store.identity(), accepted=result.accepted, step=result.step, reason=result.reason
+            id=self.store.identity(),
+            accepted=result.accepted,
+            step=result.step,
+            reason=result.reason,
         )
 
     @_guarded
@@ -208,7 +267,8 @@ class ParameterServicer:
         store.check(request.id, method="Pull")
         if request.min_step:
             store.wait_for_step(request.min_step, is_active=context.is_active)
-        names = list(request.names) or store.names()
+        store.wait_for_slowest(request.id.task, is_active=context.is_active)
+        names = list(request.names)
         step, values = store.snapshot(names)
         arrays = [np.asarray(v) for _, v in values]
         header = tensor_pb2.FrameHeader(
@@ -272,10 +332,10 @@ class ParameterServicer:
         for future in pending:
             future.result()
         self._require_complete(assembler, where="SparsePush")
-        result = store.finish_push(push_id=header.push_id, computed_at=header.step)
-        return ps_pb2.PushReply(
-            id=store.identity(), accepted=result.accepted, step=result.step, reason=result.reason
-        )
+        # Rows are applied on arrival in every mode and never count a step: the dense Push of
+        # the same worker step does (in sync mode embedding rows are updated Hogwild-style).
+        store.counters.add("sparse_pushes")
+        return self._push_reply(PushResult(True, store.step))
 
     # --- helpers ----------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +92,16 @@ class Counters:
 
 
 @dataclass(frozen=True)
+class Mode:
+    """How pushed gradients become updates (see `TrainingMode` in the proto)."""
+
+    kind: ps_pb2.TrainingMode = ps_pb2.ASYNC
+    replicas_to_aggregate: int = 0  # sync: 0 = one per live worker
+    max_staleness: int = 0  # bounded staleness
+    last_step: int = 0  # pushes refused from this step on; 0 = no limit
+
+
+@dataclass(frozen=True)
 class PushResult:
     accepted: bool
     step: int
@@ -119,6 +129,16 @@ class ParameterStore:
         self._pushes: OrderedDict[str, set[str]] = OrderedDict()
         self._finished: set[str] = set()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"{task}-apply")
+        self._mode = Mode()
+        self._workers: tuple[str, ...] = ()
+        self._clocks: dict[str, int] = {}  # pushes counted per worker (bounded staleness)
+        # Sync: the running sums of the current step, who contributed them, and whether the
+        # step is sealed (being applied: later pushes for it are stale, as backup workers' are).
+        # Guarded by `_sync_lock`, taken before `_lock` when both are needed.
+        self._sync_lock = threading.Lock()
+        self._sums: dict[str, np.ndarray] = {}
+        self._contributors: set[str] = set()
+        self._sealed = False
 
     # --- identity and state ------------------------------------------------------------
 
@@ -205,7 +225,14 @@ class ParameterStore:
     # --- init and assign ---------------------------------------------------------------
 
     def init(
-        self, *, epoch: int, specs: Sequence[Spec], optimizer: optim.OptimizerConfig, step: int
+        self,
+        *,
+        epoch: int,
+        specs: Sequence[Spec],
+        optimizer: optim.OptimizerConfig,
+        step: int,
+        mode: Mode | None = None,
+        workers: Sequence[str] = (),
     ) -> None:
         """Declares the shards and optimizer; values arrive through `assign`."""
         names = [s.name for s in specs]
@@ -218,7 +245,11 @@ class ParameterStore:
             applier = self._appliers[key] = optim.Applier(optim.build(optimizer))
 
         def swap() -> None:
-            with self._changed:
+            with self._sync_lock, self._changed:
+                self._mode = mode or Mode()
+                self._workers = tuple(workers)
+                self._clocks = {}
+                self._sums, self._contributors, self._sealed = {}, set(), False
                 self._tensors = {s.name: Held(s) for s in specs}
                 self._optimizer, self._applier = optimizer, applier
                 self._epoch, self._step = epoch, step
@@ -301,7 +332,7 @@ class ParameterStore:
 
         return self._executor.submit(run)
 
-    def finish_push(self, *, push_id: str, computed_at: int) -> PushResult:
+    def finish_push(self, *, push_id: str, computed_at: int, contributor: str = "") -> PushResult:
         """Counts one push whose shards are applied: the step advances by one (async).
 
         Every ps counts every push, including pushes that carry none of its shards, so the ps
@@ -311,6 +342,8 @@ class ParameterStore:
             duplicate = bool(push_id) and push_id in self._finished
             if not duplicate:
                 self._step += 1
+                if contributor:
+                    self._clocks[contributor] = self._clocks.get(contributor, 0) + 1
                 self._changed.notify_all()
             if push_id:
                 self._pushes.setdefault(push_id, set())
@@ -326,6 +359,121 @@ class ParameterStore:
         self.counters.add("pushes_accepted")
         self.counters.set("staleness", float(max(step - 1 - computed_at, 0)))
         return PushResult(accepted=True, step=step)
+
+    # --- modes ----------------------------------------------------------------------------
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    def _expected(self) -> int:
+        return max(1, self._mode.replicas_to_aggregate or len(self._workers))
+
+    def awaiting(self) -> int:
+        """Sync: gradients still awaited for the current step (0 in other modes)."""
+        if self._mode.kind != ps_pb2.SYNC:
+            return 0
+        with self._sync_lock:
+            return max(self._expected() - len(self._contributors), 0)
+
+    def admit(self, *, step: int) -> PushResult | None:
+        """A refusal for a push computed at `step`, decided before its bytes are read; or None."""
+        with self._lock:
+            current, mode = self._step, self._mode
+        if mode.last_step and current >= mode.last_step:
+            self.counters.add("pushes_rejected")
+            return PushResult(False, current, f"training is over: step {current} reached")
+        if mode.kind == ps_pb2.SYNC and step != current:
+            self.counters.add("pushes_stale")
+            return PushResult(False, current, f"stale: computed at step {step}, ps is at {current}")
+        return None
+
+    def contribute(
+        self, *, step: int, contributor: str, grads: Mapping[str, tuple[Held, np.ndarray]]
+    ) -> PushResult:
+        """Sync: adds one worker's gradient to the step's sums; the last one applies the mean.
+
+        The sums are taken over in place (the first gradient's buffer becomes the sum). A push
+        for a step that moved on, or that is being applied, is refused as stale; a second push
+        from the same contributor for the same step is a duplicate and adds nothing.
+        """
+        with self._sync_lock:
+            current = self._step
+            if step != current or self._sealed:
+                self.counters.add("pushes_stale")
+                return PushResult(
+                    False, current, f"stale: computed at step {step}, step {current} is closed"
+                )
+            if contributor in self._contributors:
+                self.counters.add("pushes_duplicate")
+                return PushResult(True, current, "duplicate: already aggregated for this step")
+            for name, (held, grad) in grads.items():
+                total = self._sums.get(name)
+                if total is None:
+                    self._sums[name] = grad if grad.flags.writeable else grad.copy()
+                else:
+                    np.add(total, grad, out=total)
+                    held.recycle(grad)
+            self._contributors.add(contributor)
+            self.counters.add("pushes_accepted")
+            ready = self._seal_if_complete()
+        if ready is not None:
+            return PushResult(True, self._apply_mean(*ready))
+        return PushResult(True, current)
+
+    def _seal_if_complete(self) -> tuple[dict[str, np.ndarray], int] | None:
+        """With `_sync_lock` held: takes the sums out once enough gradients are in."""
+        count = len(self._contributors)
+        if count == 0 or count < self._expected():
+            return None
+        sums, self._sums = self._sums, {}
+        self._contributors = set()
+        self._sealed = True
+        return sums, count
+
+    def _apply_mean(self, sums: dict[str, np.ndarray], count: int) -> int:
+        """Applies sums / count to every shard, then opens the next step; returns it."""
+        pending = []
+        for name, total in sums.items():
+            np.divide(total, count, out=total)
+            held = self._tensors.get(name)
+            if held is not None:
+                pending.append(self.apply_dense(held, total, push_id=""))
+        for future in pending:
+            future.result()
+        with self._sync_lock, self._changed:
+            self._step += 1
+            self._sealed = False
+            self._changed.notify_all()
+            return self._step
+
+    def set_workers(self, workers: Sequence[str]) -> None:
+        """The live workers changed: sync may now have enough gradients for the step."""
+        with self._sync_lock:
+            with self._changed:
+                self._workers = tuple(workers)
+                self._changed.notify_all()
+            ready = self._seal_if_complete() if self._mode.kind == ps_pb2.SYNC else None
+        if ready is not None:
+            self._apply_mean(*ready)
+
+    def workers(self) -> tuple[str, ...]:
+        return self._workers
+
+    def wait_for_slowest(self, task: str, *, is_active: Callable[[], bool]) -> None:
+        """Bounded staleness: blocks while `task` is too far ahead of the slowest live worker."""
+        if self._mode.kind != ps_pb2.BOUNDED_STALENESS:
+            return
+        with self._changed:
+            while task in self._workers:
+                slowest = min(self._clocks.get(w, 0) for w in self._workers)
+                if self._clocks.get(task, 0) - slowest <= self._mode.max_staleness:
+                    return
+                if self._state == ps_pb2.SHUTTING_DOWN:
+                    raise PsError(grpc.StatusCode.UNAVAILABLE, f"{self.task} is shutting down")
+                if not is_active():
+                    raise PsError(grpc.StatusCode.CANCELLED, "the caller went away")
+                self._changed.wait(timeout=0.5)
 
     # --- pull -----------------------------------------------------------------------------
 
@@ -352,10 +500,6 @@ class ParameterStore:
                     )
                 out.append((held.spec, held.value))
             return self._step, out
-
-    def names(self) -> list[str]:
-        with self._lock:
-            return list(self._tensors)
 
     def specs(self) -> list[Spec]:
         with self._lock:

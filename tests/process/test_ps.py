@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from jaxps.v1 import parameter_server_pb2, parameter_server_pb2_grpc, tensor_pb2
 from jaxps_runtime import codec, launch, optim, placement, rpc
 from jaxps_runtime.client import PsClient, PsClientError, PsRestartedError
+from jaxps_runtime.shards import Mode
 
 JOB_ID = "test-job"
 
@@ -341,3 +342,65 @@ def test_a_client_that_saw_another_incarnation_is_told_the_ps_restarted(
     assert not pulled["['w']"].any()
     stale.close()
     chief.close()
+
+
+def _mode_init(ps: launch.LocalPs, tree: Any, mode: Mode, workers: list[str]) -> PsClient:
+    client = _client(ps, tree)
+    _, named = placement.named_leaves(tree)
+    client.init(named, optimizer=SGD_1, epoch=next(_epochs), mode=mode, workers=workers)
+    return client
+
+
+def test_sync_mode_averages_one_gradient_per_live_worker(two_ps: launch.LocalPs) -> None:
+    tree = {"w": np.zeros(8, np.float32)}
+    chief = _mode_init(two_ps, tree, Mode(kind=parameter_server_pb2.SYNC), ["w-0", "w-1"])
+    a, b = _worker(chief, "w-0"), _worker(chief, "w-1")
+    first = a.push({"['w']": np.full(8, 2.0, np.float32)}, step=0)
+    assert [r.step for r in first] == [0, 0]  # waiting for w-1
+    assert chief.status(0).awaiting == 1
+    again = a.push({"['w']": np.full(8, 100.0, np.float32)}, step=0)
+    assert all("duplicate" in r.reason for r in again)  # one gradient per worker and step
+    done = b.push({"['w']": np.full(8, 4.0, np.float32)}, step=0)
+    assert [r.step for r in done] == [1, 1]
+    step, pulled = chief.pull(min_step=1)
+    assert step == 1
+    assert np.all(pulled["['w']"] == -3.0)  # mean of 2 and 4, learning rate 1
+    stale = b.push({"['w']": np.ones(8, np.float32)}, step=0)
+    assert not any(r.accepted for r in stale)
+    assert all("stale" in r.reason for r in stale)
+    for c in (a, b, chief):
+        c.close()
+
+
+def test_sync_mode_goes_on_when_the_chief_drops_a_dead_worker(two_ps: launch.LocalPs) -> None:
+    tree = {"w": np.zeros(8, np.float32)}
+    chief = _mode_init(two_ps, tree, Mode(kind=parameter_server_pb2.SYNC), ["w-0", "w-1"])
+    alive = _worker(chief, "w-0")
+    assert [r.step for r in alive.push({"['w']": np.ones(8, np.float32)}, step=0)] == [0, 0]
+    chief.set_workers(["w-0"])  # w-1 missed its heartbeats
+    step, pulled = alive.pull(min_step=1)
+    assert step == 1
+    assert np.all(pulled["['w']"] == -1.0)
+    alive.close()
+    chief.close()
+
+
+def test_bounded_staleness_holds_back_a_worker_too_far_ahead(two_ps: launch.LocalPs) -> None:
+    tree = {"w": np.zeros(8, np.float32)}
+    mode = Mode(kind=parameter_server_pb2.BOUNDED_STALENESS, max_staleness=1)
+    chief = _mode_init(two_ps, tree, mode, ["w-0", "w-1"])
+    fast, slow = _worker(chief, "w-0"), _worker(chief, "w-1")
+    grad = {"['w']": np.ones(8, np.float32)}
+    fast.push(grad, step=0)
+    fast.pull()  # 1 ahead of w-1: allowed
+    fast.push(grad, step=1)
+    result: dict[str, int] = {}
+    waiter = threading.Thread(target=lambda: result.update(step=fast.pull()[0]))
+    waiter.start()
+    waiter.join(timeout=1.0)
+    assert waiter.is_alive()  # 2 ahead: held back
+    slow.push(grad, step=0)
+    waiter.join(timeout=60)
+    assert result["step"] == 3
+    for c in (fast, slow, chief):
+        c.close()

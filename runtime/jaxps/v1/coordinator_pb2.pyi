@@ -1,4 +1,5 @@
 from jaxps.v1 import tensor_pb2 as _tensor_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Mapping as _Mapping
@@ -15,16 +16,29 @@ class RegisterRequest(_message.Message):
     def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., task_incarnation: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("id", "task_incarnation", "step", "loss")
+    __slots__ = ("id", "task_incarnation", "step", "loss", "done", "metrics", "examples_per_second")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     TASK_INCARNATION_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     id: _tensor_pb2.Identity
     task_incarnation: int
     step: int
     loss: float
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., task_incarnation: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ...) -> None: ...
+    done: bool
+    metrics: _containers.ScalarMap[str, float]
+    examples_per_second: float
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., task_incarnation: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., done: _Optional[bool] = ..., metrics: _Optional[_Mapping[str, float]] = ..., examples_per_second: _Optional[float] = ...) -> None: ...
 
 class CoordinatorState(_message.Message):
     __slots__ = ("id", "step", "stop", "live_workers")

@@ -15,11 +15,22 @@ class PsState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ASSIGNING: _ClassVar[PsState]
     READY: _ClassVar[PsState]
     SHUTTING_DOWN: _ClassVar[PsState]
+
+class TrainingMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRAINING_MODE_UNSPECIFIED: _ClassVar[TrainingMode]
+    ASYNC: _ClassVar[TrainingMode]
+    SYNC: _ClassVar[TrainingMode]
+    BOUNDED_STALENESS: _ClassVar[TrainingMode]
 PS_STATE_UNSPECIFIED: PsState
 UNINITIALIZED: PsState
 ASSIGNING: PsState
 READY: PsState
 SHUTTING_DOWN: PsState
+TRAINING_MODE_UNSPECIFIED: TrainingMode
+ASYNC: TrainingMode
+SYNC: TrainingMode
+BOUNDED_STALENESS: TrainingMode
 
 class StatusRequest(_message.Message):
     __slots__ = ("id",)
@@ -28,7 +39,7 @@ class StatusRequest(_message.Message):
     def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("id", "state", "step", "tensors", "counters", "optimizer")
+    __slots__ = ("id", "state", "step", "tensors", "counters", "optimizer", "mode", "awaiting")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -42,25 +53,47 @@ class StatusReply(_message.Message):
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    AWAITING_FIELD_NUMBER: _ClassVar[int]
     id: _tensor_pb2.Identity
     state: PsState
     step: int
     tensors: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorSpec]
     counters: _containers.ScalarMap[str, float]
     optimizer: str
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., state: _Optional[_Union[PsState, str]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., counters: _Optional[_Mapping[str, float]] = ..., optimizer: _Optional[str] = ...) -> None: ...
+    mode: TrainingMode
+    awaiting: int
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., state: _Optional[_Union[PsState, str]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., counters: _Optional[_Mapping[str, float]] = ..., optimizer: _Optional[str] = ..., mode: _Optional[_Union[TrainingMode, str]] = ..., awaiting: _Optional[int] = ...) -> None: ...
 
 class InitRequest(_message.Message):
-    __slots__ = ("id", "tensors", "optimizer", "step")
+    __slots__ = ("id", "tensors", "optimizer", "step", "mode", "replicas_to_aggregate", "max_staleness", "last_step", "workers")
     ID_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_TO_AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     id: _tensor_pb2.Identity
     tensors: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorSpec]
     optimizer: str
     step: int
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., optimizer: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
+    mode: TrainingMode
+    replicas_to_aggregate: int
+    max_staleness: int
+    last_step: int
+    workers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., optimizer: _Optional[str] = ..., step: _Optional[int] = ..., mode: _Optional[_Union[TrainingMode, str]] = ..., replicas_to_aggregate: _Optional[int] = ..., max_staleness: _Optional[int] = ..., last_step: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SetWorkersRequest(_message.Message):
+    __slots__ = ("id", "workers")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    id: _tensor_pb2.Identity
+    workers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., workers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AssignReply(_message.Message):
     __slots__ = ("id", "state", "missing")

@@ -86,6 +86,11 @@ class ParameterServerStub:
                 request_serializer=jaxps_dot_v1_dot_parameter__server__pb2.ShutdownRequest.SerializeToString,
                 response_deserializer=jaxps_dot_v1_dot_parameter__server__pb2.ShutdownReply.FromString,
                 _registered_method=True)
+        self.SetWorkers = channel.unary_unary(
+                '/jaxps.v1.ParameterServer/SetWorkers',
+                request_serializer=jaxps_dot_v1_dot_parameter__server__pb2.SetWorkersRequest.SerializeToString,
+                response_deserializer=jaxps_dot_v1_dot_parameter__server__pb2.StatusReply.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -162,6 +167,13 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetWorkers(self, request, context):
+        """Sets the live workers; sync mode aggregates one gradient per live worker from then on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -214,6 +226,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Shutdown,
                     request_deserializer=jaxps_dot_v1_dot_parameter__server__pb2.ShutdownRequest.FromString,
                     response_serializer=jaxps_dot_v1_dot_parameter__server__pb2.ShutdownReply.SerializeToString,
+            ),
+            'SetWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetWorkers,
+                    request_deserializer=jaxps_dot_v1_dot_parameter__server__pb2.SetWorkersRequest.FromString,
+                    response_serializer=jaxps_dot_v1_dot_parameter__server__pb2.StatusReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -487,6 +504,33 @@ class ParameterServer:
             '/jaxps.v1.ParameterServer/Shutdown',
             jaxps_dot_v1_dot_parameter__server__pb2.ShutdownRequest.SerializeToString,
             jaxps_dot_v1_dot_parameter__server__pb2.ShutdownReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jaxps.v1.ParameterServer/SetWorkers',
+            jaxps_dot_v1_dot_parameter__server__pb2.SetWorkersRequest.SerializeToString,
+            jaxps_dot_v1_dot_parameter__server__pb2.StatusReply.FromString,
             options,
             channel_credentials,
             insecure,

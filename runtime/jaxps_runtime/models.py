@@ -1,0 +1,499 @@
+"""Models and datasets by name: what a jaxps job trains, and on what.
+
+A job names a model and a dataset (each with camelCase ``kwargs`` from the TrainingJob manifest)
+and :func:`build_model` / :func:`build_dataset` turn them into objects the training loop drives.
+Every configuration error raises :class:`ModelError`, whose message names the field (e.g.
+``model.kwargs.hidden``), the offending value and what is allowed.
+
+Built-in models (:data:`MODELS`) and the dataset each trains on by default
+(:data:`DEFAULT_DATASET`):
+
+* ``linear`` (``features``) on ``synthetic`` (``features``, ``examples``, ``testExamples``):
+  least-squares regression; metrics ``loss``.
+* ``mlp`` (``hidden``, ``inputs``, ``classes``) on ``digits`` (``testFraction``): a relu
+  classifier on scikit-learn's bundled 8x8 digits; metrics ``loss``, ``accuracy``.
+* ``embedding`` (``rows``, ``dim``, ``idsPerExample``) on ``sparse`` (``idRange``,
+  ``idsPerExample``, ``examples``, ``testExamples``): a large embedding table read sparsely,
+  binary labels; metrics ``loss``, ``accuracy``.
+
+Your own model
+--------------
+Set ``model.module`` to ``"package.module:factory"``. The runtime imports ``package.module``
+(it must be importable from ``PYTHONPATH``, e.g. baked into the image or mounted next to it),
+calls ``factory(**model.kwargs)`` and uses what it returns; ``model.name`` is then only a label.
+The object returned must have:
+
+* ``sparse``: a mapping from the top-level parameter key of each embedding table to the batch
+  key holding its int64 row ids; ``{}`` for a dense model.
+* ``init(key) -> params``: the parameters, a pytree (nested dict) of jax arrays; deterministic
+  given the ``jax.random`` key.
+* ``loss(params, batch) -> scalar``: the training loss; must be jit-able.
+* ``evaluate(params, batch) -> {metric: scalar}``: jit-able; always includes ``"loss"``.
+
+The sparse rule: a step pulls only the rows of a table its batch uses. The training loop
+replaces ``params[table]`` by those unique rows (shape ``[n_unique, dim]``) and
+``batch[ids_key]`` by each id's position among them before calling ``loss``/``evaluate``, so a
+model must read a table ONLY as ``params[table][batch[ids_key]]``.
+
+The dataset is configured separately and is always a built-in; its batches are
+``{name: array}`` (``synthetic``: ``x`` float32 ``[B, features]``, ``y`` float32 ``[B]``).
+``examples/user_model/quadratic.py`` is a complete example: with ``examples/user_model`` on
+``PYTHONPATH``, ``module: "quadratic:make_model"`` trains it on ``synthetic``.
+
+Datasets shard and shuffle deterministically: worker ``w`` of ``n`` reads only its shard of
+the training set, in an order reshuffled every epoch from (seed, worker, epoch).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+Params = Any
+"""A pytree (nested dict) of jax arrays."""
+Batch = dict[str, np.ndarray]
+"""Named arrays with the same number of rows."""
+
+MODELS: tuple[str, ...] = ("linear", "mlp", "embedding")
+DATASETS: tuple[str, ...] = ("synthetic", "digits", "sparse")
+DEFAULT_DATASET: dict[str, str] = {"linear": "synthetic", "mlp": "digits", "embedding": "sparse"}
+
+_MODULE_FORM = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_ZIPF_EXPONENT = 1.1
+
+
+class ModelError(ValueError):
+    """Bad model or dataset configuration; the message names the field, the value and what is
+    allowed."""
+
+
+@runtime_checkable
+class Model(Protocol):
+    """What the training loop trains; see the module docstring for the contract."""
+
+    sparse: Mapping[str, str]
+
+    def init(self, key: jax.Array) -> Params: ...
+
+    def loss(self, params: Params, batch: Mapping[str, jax.Array]) -> jax.Array: ...
+
+    def evaluate(self, params: Params, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]: ...
+
+
+class Dataset(Protocol):
+    """Deterministic, sharded training batches and a held-out set."""
+
+    def train_batch(self, *, worker: int, num_workers: int, step: int, batch_size: int) -> Batch:
+        """Exactly `batch_size` rows of worker `worker`'s shard; a function of (seed, worker,
+        num_workers, step)."""
+        ...
+
+    def test(self) -> Batch:
+        """The whole held-out set."""
+        ...
+
+
+# --- configuration checks ---------------------------------------------------------------------
+
+
+def _options(where: str, given: Mapping[str, Any] | None, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """`defaults` overridden by `given`; refuses keys `defaults` lacks."""
+    if given is None:
+        return dict(defaults)
+    if not isinstance(given, Mapping):
+        raise ModelError(f"{where}: expected an object of keyword arguments, got {given!r}")
+    for key in given:
+        if key not in defaults:
+            raise ModelError(
+                f"{where}.{key}: unknown argument {key!r}; allowed: {', '.join(defaults)}"
+            )
+    return {**defaults, **given}
+
+
+def _count(where: str, value: object, *, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ModelError(f"{where}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _widths(where: str, value: object) -> tuple[int, ...]:
+    if not isinstance(value, list | tuple):
+        raise ModelError(f"{where}: expected a list of layer widths (integers >= 1), got {value!r}")
+    return tuple(_count(f"{where}[{i}]", width) for i, width in enumerate(value))
+
+
+def _fraction(where: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+        raise ModelError(f"{where}: expected a number strictly between 0 and 1, got {value!r}")
+    return float(value)
+
+
+def _check_columns(where: str, key: str, array: jax.Array, expected: int) -> None:
+    """Shapes are static under jit, so a mismatch with the dataset fails at trace time, clearly."""
+    if array.ndim != 2 or array.shape[1] != expected:
+        raise ModelError(
+            f"{where}: the model expects {expected} columns in batch {key!r}, got shape "
+            f"{tuple(array.shape)}; make it match the dataset"
+        )
+
+
+# --- models -----------------------------------------------------------------------------------
+
+
+def _dense(key: jax.Array, fan_in: int, fan_out: int) -> dict[str, jax.Array]:
+    """A layer as Keras initialises it: glorot-uniform kernel, zero bias."""
+    kernel = jax.nn.initializers.glorot_uniform()(key, (fan_in, fan_out), jnp.float32)
+    return {"kernel": kernel, "bias": jnp.zeros((fan_out,), jnp.float32)}
+
+
+class LinearModel:
+    """Least squares: ``x @ kernel + bias`` against ``y``; batch keys ``x`` [B, features], ``y``."""
+
+    def __init__(self, *, features: int = 16) -> None:
+        self.features = features
+        self.sparse: Mapping[str, str] = MappingProxyType({})
+
+    def init(self, key: jax.Array) -> Params:
+        return _dense(key, self.features, 1)
+
+    def _predict(self, params: Params, x: jax.Array) -> jax.Array:
+        _check_columns("model.kwargs.features", "x", x, self.features)
+        return (x @ params["kernel"] + params["bias"])[:, 0]
+
+    def loss(self, params: Params, batch: Mapping[str, jax.Array]) -> jax.Array:
+        return jnp.mean((self._predict(params, batch["x"]) - batch["y"]) ** 2)
+
+    def evaluate(self, params: Params, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        return {"loss": self.loss(params, batch)}
+
+
+class MlpModel:
+    """A relu classifier: ``hidden`` layers then ``classes`` logits; batch keys ``x``, ``y``.
+
+    Parameters: ``{"hidden_0": {kernel, bias}, ..., "output": {kernel, bias}}``.
+    """
+
+    def __init__(self, *, hidden: Sequence[int] = (64,), inputs: int = 64, classes: int = 10):
+        self.hidden = tuple(hidden)
+        self.inputs = inputs
+        self.classes = classes
+        self.sparse: Mapping[str, str] = MappingProxyType({})
+
+    def init(self, key: jax.Array) -> Params:
+        widths = (self.inputs, *self.hidden, self.classes)
+        keys = jax.random.split(key, len(widths) - 1)
+        names = [f"hidden_{i}" for i in range(len(self.hidden))] + ["output"]
+        return {
+            name: _dense(k, fan_in, fan_out)
+            for name, k, fan_in, fan_out in zip(names, keys, widths, widths[1:], strict=True)
+        }
+
+    def _logits(self, params: Params, x: jax.Array) -> jax.Array:
+        _check_columns("model.kwargs.inputs", "x", x, self.inputs)
+        for i in range(len(self.hidden)):
+            x = jax.nn.relu(x @ params[f"hidden_{i}"]["kernel"] + params[f"hidden_{i}"]["bias"])
+        return x @ params["output"]["kernel"] + params["output"]["bias"]
+
+    def loss(self, params: Params, batch: Mapping[str, jax.Array]) -> jax.Array:
+        logits = self._logits(params, batch["x"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+    def evaluate(self, params: Params, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        logits = self._logits(params, batch["x"])
+        return {
+            "loss": optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean(),
+            "accuracy": jnp.mean(jnp.argmax(logits, axis=-1) == batch["y"]),
+        }
+
+
+class EmbeddingModel:
+    """Binary classifier over the mean embedding of an example's ids; batch keys ``ids``, ``y``.
+
+    Parameters: ``{"embedding": [rows, dim], "dense": {"kernel": [dim, 1], "bias": [1]}}``; the
+    table is read only as ``params["embedding"][batch["ids"]]`` (``sparse = {"embedding":
+    "ids"}``).
+    """
+
+    def __init__(self, *, rows: int = 200_000, dim: int = 16, ids_per_example: int = 4) -> None:
+        self.rows = rows
+        self.dim = dim
+        self.ids_per_example = ids_per_example
+        self.sparse: Mapping[str, str] = MappingProxyType({"embedding": "ids"})
+
+    def init(self, key: jax.Array) -> Params:
+        table_key, dense_key = jax.random.split(key)
+        table = 0.1 * jax.random.normal(table_key, (self.rows, self.dim), jnp.float32)
+        return {"embedding": table, "dense": _dense(dense_key, self.dim, 1)}
+
+    def _logits(self, params: Params, batch: Mapping[str, jax.Array]) -> jax.Array:
+        ids = batch["ids"]
+        _check_columns("model.kwargs.idsPerExample", "ids", ids, self.ids_per_example)
+        pooled = params["embedding"][ids].mean(axis=1)
+        return (pooled @ params["dense"]["kernel"] + params["dense"]["bias"])[:, 0]
+
+    def loss(self, params: Params, batch: Mapping[str, jax.Array]) -> jax.Array:
+        logits = self._logits(params, batch)
+        return optax.sigmoid_binary_cross_entropy(logits, batch["y"]).mean()
+
+    def evaluate(self, params: Params, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        logits = self._logits(params, batch)
+        return {
+            "loss": optax.sigmoid_binary_cross_entropy(logits, batch["y"]).mean(),
+            "accuracy": jnp.mean((logits > 0) == (batch["y"] > 0.5)),
+        }
+
+
+# --- datasets ---------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=16)
+def _epoch_order(seed: int, worker: int, epoch: int, size: int) -> np.ndarray:
+    order = np.random.default_rng([seed, worker, epoch]).permutation(size)
+    order.setflags(write=False)
+    return order
+
+
+def _frozen(arrays: Mapping[str, np.ndarray]) -> Batch:
+    for array in arrays.values():
+        array.setflags(write=False)
+    return dict(arrays)
+
+
+class ArrayDataset:
+    """A dataset held in memory as named arrays; the base of the built-in datasets.
+
+    The training set is in a seed-shuffled order; worker ``w`` of ``n`` owns rows ``w::n`` and
+    reads them in a permutation drawn from (seed, worker, epoch), epoch after epoch.
+    """
+
+    def __init__(self, *, train: Mapping[str, np.ndarray], test: Mapping[str, np.ndarray], seed: int):
+        self._train = _frozen(train)
+        self._test = _frozen(test)
+        self.seed = seed
+        self.num_train = len(next(iter(self._train.values())))
+
+    def train_indices(
+        self, *, worker: int, num_workers: int, step: int, batch_size: int
+    ) -> np.ndarray:
+        """Rows of the training set in the batch :meth:`train_batch` returns (int64)."""
+        if num_workers < 1 or not 0 <= worker < num_workers or step < 0 or batch_size < 1:
+            raise ValueError(
+                f"need 0 <= worker < num_workers, step >= 0 and batch_size >= 1; got "
+                f"worker={worker}, num_workers={num_workers}, step={step}, batch_size={batch_size}"
+            )
+        if num_workers > self.num_train:
+            raise ModelError(
+                f"dataset: {num_workers} workers but only {self.num_train} training examples; "
+                "every worker needs at least one"
+            )
+        shard = np.arange(worker, self.num_train, num_workers, dtype=np.int64)
+        epochs, offsets = np.divmod(step * batch_size + np.arange(batch_size), len(shard))
+        rows = np.empty(batch_size, np.int64)
+        for epoch in np.unique(epochs):
+            pick = epochs == epoch
+            rows[pick] = shard[_epoch_order(self.seed, worker, int(epoch), len(shard))[offsets[pick]]]
+        return rows
+
+    def train_batch(self, *, worker: int, num_workers: int, step: int, batch_size: int) -> Batch:
+        rows = self.train_indices(
+            worker=worker, num_workers=num_workers, step=step, batch_size=batch_size
+        )
+        return {key: array[rows] for key, array in self._train.items()}
+
+    def test(self) -> Batch:
+        return dict(self._test)
+
+
+class SyntheticDataset(ArrayDataset):
+    """Regression: ``x ~ N(0, 1)`` [n, features], ``y = x @ w + b + 0.01 noise``, w and b fixed
+    by the seed. Keys ``x`` float32 [n, features], ``y`` float32 [n]."""
+
+    def __init__(self, *, features: int, examples: int, test_examples: int, seed: int) -> None:
+        rng = np.random.default_rng([seed, 0x5E17])
+        w = rng.standard_normal(features)
+        b = rng.standard_normal()
+        x = rng.standard_normal((examples + test_examples, features))
+        y = x @ w + b + 0.01 * rng.standard_normal(len(x))
+        x, y = x.astype(np.float32), y.astype(np.float32)
+        super().__init__(
+            train={"x": x[:examples], "y": y[:examples]},
+            test={"x": x[examples:], "y": y[examples:]},
+            seed=seed,
+        )
+
+
+class DigitsDataset(ArrayDataset):
+    """scikit-learn's bundled 8x8 digits (1797 images, offline). Keys ``x`` float32 [n, 64] in
+    [0, 1], ``y`` int32 [n] in 0..9; the split is stratified by class and fixed by the seed."""
+
+    def __init__(self, *, test_fraction: float, seed: int) -> None:
+        from sklearn.datasets import load_digits  # type: ignore[import-untyped]  # noqa: PLC0415
+
+        digits = load_digits()
+        x = (np.asarray(digits.data) / 16.0).astype(np.float32)
+        y = np.asarray(digits.target).astype(np.int32)
+        rng = np.random.default_rng([seed, 0xD161])
+        order = rng.permutation(len(y))
+        in_test = np.zeros(len(y), bool)
+        for label in np.unique(y):
+            members = order[y[order] == label]
+            in_test[members[: round(test_fraction * len(members))]] = True
+        train, test = order[~in_test[order]], order[in_test[order]]
+        if not len(train) or not len(test):
+            raise ModelError(
+                f"dataset.kwargs.testFraction: {test_fraction} leaves an empty train or test set"
+            )
+        super().__init__(
+            train={"x": x[train], "y": y[train]}, test={"x": x[test], "y": y[test]}, seed=seed
+        )
+
+
+class SparseDataset(ArrayDataset):
+    """Categorical data for the embedding model. Keys ``ids`` int64 [n, ids_per_example] and
+    ``y`` float32 [n] in {0, 1}.
+
+    Ids follow a Zipf-like law over ``[0, id_range)`` (rank r has weight ``(r + 1) ** -1.1``;
+    ranks map to ids by a seeded permutation, so hot ids are spread over the table). Each id has
+    a hidden score ~ N(0, 1) from the seed; an example is positive when the sum of its ids'
+    scores exceeds the median sum (so the classes are balanced).
+    """
+
+    def __init__(
+        self, *, id_range: int, ids_per_example: int, examples: int, test_examples: int, seed: int
+    ) -> None:
+        rng = np.random.default_rng([seed, 0x5A45])
+        self.id_range = id_range
+        weights = np.arange(1, id_range + 1, dtype=np.float64) ** -_ZIPF_EXPONENT
+        cdf = np.cumsum(weights / weights.sum())
+        ranks = np.searchsorted(cdf, rng.random((examples + test_examples, ids_per_example)))
+        ids = rng.permutation(id_range)[np.minimum(ranks, id_range - 1)].astype(np.int64)
+        sums = rng.standard_normal(id_range)[ids].sum(axis=1)
+        y = (sums > np.median(sums)).astype(np.float32)
+        super().__init__(
+            train={"ids": ids[:examples], "y": y[:examples]},
+            test={"ids": ids[examples:], "y": y[examples:]},
+            seed=seed,
+        )
+
+
+# --- building by name -------------------------------------------------------------------------
+
+_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "linear": {"features": 16},
+    "mlp": {"hidden": [64], "inputs": 64, "classes": 10},
+    "embedding": {"rows": 200_000, "dim": 16, "idsPerExample": 4},
+}
+_DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
+    "synthetic": {"features": 16, "examples": 4096, "testExamples": 1024},
+    "digits": {"testFraction": 0.2},
+    "sparse": {"idRange": 150_000, "idsPerExample": 4, "examples": 100_000, "testExamples": 5000},
+}
+
+
+def build_model(
+    *, name: str, module: str | None = None, kwargs: Mapping[str, Any] | None = None
+) -> Model:
+    """The built-in model `name`, or, when `module` is set, ``factory(**kwargs)`` from
+    ``module = "package.module:factory"`` (then `name` is only a label)."""
+    if module is not None:
+        return _user_model(module, kwargs)
+    if name not in _MODEL_DEFAULTS:
+        raise ModelError(
+            f"model.name: {name!r} is not a built-in model; allowed: {', '.join(MODELS)} "
+            "(or set model.module to 'package.module:factory' for your own)"
+        )
+    opts = _options("model.kwargs", kwargs, _MODEL_DEFAULTS[name])
+    if name == "linear":
+        return LinearModel(features=_count("model.kwargs.features", opts["features"]))
+    if name == "mlp":
+        return MlpModel(
+            hidden=_widths("model.kwargs.hidden", opts["hidden"]),
+            inputs=_count("model.kwargs.inputs", opts["inputs"]),
+            classes=_count("model.kwargs.classes", opts["classes"], minimum=2),
+        )
+    return EmbeddingModel(
+        rows=_count("model.kwargs.rows", opts["rows"]),
+        dim=_count("model.kwargs.dim", opts["dim"]),
+        ids_per_example=_count("model.kwargs.idsPerExample", opts["idsPerExample"]),
+    )
+
+
+def build_dataset(*, name: str, kwargs: Mapping[str, Any] | None = None, seed: int = 0) -> Dataset:
+    """The built-in dataset `name`; its split, generated values and batch order follow `seed`."""
+    if name not in _DATASET_DEFAULTS:
+        raise ModelError(
+            f"dataset.name: {name!r} is not a built-in dataset; allowed: {', '.join(DATASETS)}"
+        )
+    seed = _count("dataset.seed", seed, minimum=0)
+    opts = _options("dataset.kwargs", kwargs, _DATASET_DEFAULTS[name])
+    if name == "synthetic":
+        return SyntheticDataset(
+            features=_count("dataset.kwargs.features", opts["features"]),
+            examples=_count("dataset.kwargs.examples", opts["examples"]),
+            test_examples=_count("dataset.kwargs.testExamples", opts["testExamples"]),
+            seed=seed,
+        )
+    if name == "digits":
+        return DigitsDataset(
+            test_fraction=_fraction("dataset.kwargs.testFraction", opts["testFraction"]), seed=seed
+        )
+    return SparseDataset(
+        id_range=_count("dataset.kwargs.idRange", opts["idRange"]),
+        ids_per_example=_count("dataset.kwargs.idsPerExample", opts["idsPerExample"]),
+        examples=_count("dataset.kwargs.examples", opts["examples"]),
+        test_examples=_count("dataset.kwargs.testExamples", opts["testExamples"]),
+        seed=seed,
+    )
+
+
+def _user_model(module: str, kwargs: Mapping[str, Any] | None) -> Model:
+    where = "model.module"
+    expected = "expected 'package.module:factory', importable from PYTHONPATH"
+    if not isinstance(module, str) or not _MODULE_FORM.match(module):
+        raise ModelError(f"{where}: {module!r} is malformed; {expected}")
+    module_name, factory_path = module.split(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as err:
+        raise ModelError(
+            f"{where}: {module!r}: cannot import {module_name!r} "
+            f"({type(err).__name__}: {err}); {expected}"
+        ) from err
+    for attr in factory_path.split("."):
+        if not hasattr(obj, attr):
+            raise ModelError(
+                f"{where}: {module!r}: {module_name!r} has no attribute {factory_path!r}; {expected}"
+            )
+        obj = getattr(obj, attr)
+    if not callable(obj):
+        raise ModelError(f"{where}: {module!r}: {factory_path!r} is not callable; {expected}")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise ModelError(f"model.kwargs: expected an object of keyword arguments, got {kwargs!r}")
+    factory: Callable[..., Any] = obj
+    try:
+        model = factory(**(kwargs or {}))
+    except ModelError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise ModelError(f"model.kwargs: {module} refused them: {err}") from err
+    missing = [m for m in ("init", "loss", "evaluate") if not callable(getattr(model, m, None))]
+    sparse = getattr(model, "sparse", None)
+    if not isinstance(sparse, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in sparse.items()
+    ):
+        missing.append("sparse (a mapping of str to str)")
+    if missing:
+        raise ModelError(
+            f"{where}: {module!r} returned a {type(model).__name__} lacking "
+            f"{', '.join(missing)}; a model needs sparse, init, loss and evaluate"
+        )
+    return model  # type: ignore[no-any-return]
