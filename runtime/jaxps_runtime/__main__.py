@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
+from pathlib import Path
 
 from jaxps_runtime import cluster
 
@@ -36,6 +37,11 @@ def _arguments(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         default=os.environ.get("JAXPS_BIND_ADDRESS"),
         help="host:port to listen on (default: the task's own address; all "
         "interfaces unless it is a loopback address)",
+    )
+    parser.add_argument(
+        "--training",
+        type=Path,
+        help="the training configuration as a JSON or YAML file (default: JAXPS_TRAINING)",
     )
     return parser.parse_known_args(argv)
 
@@ -90,23 +96,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         format=f"%(asctime)s %(levelname)s {task.name} %(name)s: %(message)s",
     )
     job_id = os.environ.get("JAXPS_JOB_UID") or os.environ.get("JAXPS_JOB_NAME") or "jaxps"
-    if task.type == cluster.PS:
-        try:
+    try:
+        if task.type == cluster.PS:
             _ps_xla_threads(os.environ)
-        except cluster.ClusterSpecError as err:
-            print(f"jaxps_runtime: {err}", file=sys.stderr)
-            return EXIT_USAGE
-        from jaxps_runtime import server  # noqa: PLC0415 - jax must see XLA_FLAGS first
+        metrics_port = _metrics_port(os.environ)
+    except cluster.ClusterSpecError as err:
+        print(f"jaxps_runtime: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    # Imported here: jax must see XLA_FLAGS first, and `--help` and errors stay fast.
+    from jaxps_runtime import roles  # noqa: PLC0415
 
-        return server.serve_ps(
-            address=config.cluster.address(task), job_id=job_id, task=task.name, bind=args.bind
-        )
-    print(
-        f"jaxps_runtime: task {task.name}: this build runs ps tasks only; the {task.type} role "
-        "is not implemented yet",
-        file=sys.stderr,
+    return roles.run(
+        spec=config,
+        job_id=job_id,
+        bind=args.bind,
+        training_file=args.training,
+        training_env=os.environ.get("JAXPS_TRAINING"),
+        metrics_port=metrics_port,
     )
-    return EXIT_USAGE
+
+
+def _metrics_port(environ: Mapping[str, str]) -> int:
+    raw = environ.get("JAXPS_METRICS_PORT", "9090")
+    if not raw.isdigit() or int(raw) > 65535:
+        raise cluster.ClusterSpecError(
+            f"JAXPS_METRICS_PORT: got {raw!r}; expected a port 0..65535 (0: pick a free one)"
+        )
+    return int(raw)
 
 
 if __name__ == "__main__":

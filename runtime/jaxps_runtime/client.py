@@ -162,6 +162,38 @@ class PsClient:
                 log.info("%s: waiting for %s (%.0f s)", self.task, names, elapsed)
                 last_log = time.monotonic()
 
+    def wait_ready(self, *, timeout: float, log_every: float = 5.0) -> int:
+        """Waits until every ps is READY at one epoch (the chief initialised them); the step.
+
+        Adopts the epoch and the incarnations the ps tasks report, logging which ps it is
+        still waiting for and in which state.
+        """
+        self.wait_reachable(timeout=timeout, log_every=log_every)
+        started = last_log = time.monotonic()
+        while True:
+            replies = self._each(lambda ps: self.status(ps, timeout=10))
+            epochs = {r.id.cluster_epoch for r in replies}
+            waiting = [i for i, r in enumerate(replies) if r.state != ps_pb2.READY]
+            if not waiting and len(epochs) == 1:
+                self.epoch = epochs.pop()
+                self.incarnations = [r.id.ps_incarnation for r in replies]
+                return min(r.step for r in replies)
+            elapsed = time.monotonic() - started
+            names = (
+                ", ".join(f"ps-{i} ({ps_pb2.PsState.Name(replies[i].state)})" for i in waiting)
+                or f"one epoch (ps are at {sorted(epochs)})"
+            )
+            if elapsed >= timeout:
+                raise TimeoutError(f"{self.task}: still waiting for {names} after {elapsed:.0f} s")
+            if time.monotonic() - last_log >= log_every:
+                log.info("%s: waiting for the chief to initialise %s", self.task, names)
+                last_log = time.monotonic()
+            time.sleep(0.2)
+
+    def steps(self) -> list[int]:
+        """Every ps's step, now."""
+        return self._each(lambda ps: self.status(ps, timeout=10).step)
+
     def init(
         self,
         params: Mapping[str, np.ndarray],
@@ -268,14 +300,22 @@ class PsClient:
         return min(steps), out
 
     def push(
-        self, grads: Mapping[str, Any], *, step: int, push_id: str | None = None
+        self,
+        grads: Mapping[str, Any],
+        *,
+        step: int,
+        push_id: str | None = None,
+        variables: Collection[str] | None = None,
     ) -> list[ps_pb2.PushReply]:
-        """Pushes one gradient for every variable; each ps applies its shards' part."""
-        arrays = self._named_arrays(grads, what="gradients")
+        """Pushes one gradient for every variable (or for `variables`) to every ps at once.
+
+        Every ps gets the push, even one holding none of its shards, so that each counts it.
+        """
+        arrays = self._named_arrays(grads, what="gradients", variables=variables)
         push_id = push_id or uuid.uuid4().hex
 
         def one(ps: int) -> ps_pb2.PushReply:
-            shards = self._shards[ps]
+            shards = [s for s in self._shards[ps] if s.variable.name in arrays]
             header = tensor_pb2.FrameHeader(
                 id=self.identity(ps),
                 step=step,
@@ -486,9 +526,13 @@ class PsClient:
         part = flat[shard.byte_offset : shard.byte_offset + shard.nbytes]
         return part.view(array.dtype).reshape(shard.shape)
 
-    def _named_arrays(self, values: Mapping[str, Any], *, what: str) -> dict[str, np.ndarray]:
+    def _named_arrays(
+        self, values: Mapping[str, Any], *, what: str, variables: Collection[str] | None = None
+    ) -> dict[str, np.ndarray]:
         out = {}
         for var in self.placement.variables:
+            if variables is not None and var.name not in variables:
+                continue
             if var.name not in values:
                 raise KeyError(f"{what}: no value for variable {var.name!r}")
             array = np.asarray(values[var.name])

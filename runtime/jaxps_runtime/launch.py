@@ -7,13 +7,14 @@ nothing started here is left behind.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,3 +137,90 @@ class LocalPs:
             except subprocess.TimeoutExpired:
                 codes.append(None)
         return codes
+
+
+@dataclass
+class LocalJob:
+    """Every task of a training job as processes on 127.0.0.1, with a log file per task."""
+
+    spec: dict[str, list[str]]
+    processes: dict[str, subprocess.Popen[bytes]]
+    log_dir: Path
+    env: dict[str, str]
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        training: Mapping[str, object],
+        log_dir: Path,
+        ps: int = 2,
+        workers: int = 2,
+        chief: bool = False,
+        evaluator: bool = False,
+        job_id: str = "local-job",
+        extra_env: Mapping[str, str] | None = None,
+        order: Sequence[str] | None = None,
+    ) -> LocalJob:
+        """Starts the tasks (in `order` of task names if given) and returns at once."""
+        counts = {"chief": int(chief), "ps": ps, "worker": workers, "evaluator": int(evaluator)}
+        ports = iter(free_ports(2 * sum(counts.values())))
+        spec = {
+            role: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for role, n in counts.items() if n
+        }
+        env = {"JAXPS_JOB_UID": job_id, "JAXPS_TRAINING": json.dumps(training), **(extra_env or {})}
+        log_dir.mkdir(parents=True, exist_ok=True)
+        job = cls(spec=spec, processes={}, log_dir=log_dir, env=env)
+        names = [f"{role}-{i}" for role, addrs in spec.items() for i in range(len(addrs))]
+        for name in order or names:
+            job.start_task(name, metrics_port=next(ports))
+        return job
+
+    def start_task(self, name: str, *, metrics_port: int = 0) -> subprocess.Popen[bytes]:
+        """Starts (or starts again) one task; its stdout goes to <name>.out, logs to <name>.log."""
+        role, _, index = name.rpartition("-")
+        tf_config = cluster.build_tf_config(
+            cluster=self.spec, task_type=role, task_index=int(index)
+        )
+        env = runtime_env(
+            {**self.env, "TF_CONFIG": tf_config, "JAXPS_METRICS_PORT": str(metrics_port)}
+        )
+        with (
+            open(self.log_dir / f"{name}.out", "ab") as out,
+            open(self.log_dir / f"{name}.log", "ab") as err,
+        ):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "jaxps_runtime"], env=env, stdout=out, stderr=err
+            )
+        self.processes[name] = proc
+        return proc
+
+    def wait(self, *, timeout: float) -> dict[str, int | None]:
+        """Waits for every task to exit (None: still running at the deadline)."""
+        deadline = time.monotonic() + timeout
+        codes: dict[str, int | None] = {}
+        for name, proc in self.processes.items():
+            try:
+                codes[name] = proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                codes[name] = None
+        return codes
+
+    def summary(self) -> dict[str, object]:
+        """The chief's last stdout line, parsed."""
+        chief = "chief-0" if "chief" in self.spec else "worker-0"
+        lines = (self.log_dir / f"{chief}.out").read_text().strip().splitlines()
+        if not lines:
+            raise RuntimeError(f"{chief} printed no summary; see {self.log_dir}/{chief}.log")
+        result: dict[str, object] = json.loads(lines[-1])
+        return result
+
+    def logs(self) -> str:
+        """Every task's log, for a failing test's report."""
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text()[-4000:]}" for p in sorted(self.log_dir.glob("*.log"))
+        )
+
+    def stop(self, *, timeout: float = 15.0) -> None:
+        """SIGTERM what still runs, then SIGKILL after `timeout`: nothing is left behind."""
+        LocalPs(list(self.processes), list(self.processes.values())).stop(timeout=timeout)

@@ -77,6 +77,10 @@ class PsServer:
             self.reason = reason
             self._stop.set()
 
+    @property
+    def stopped(self) -> threading.Event:
+        return self._stop
+
     def wait(self) -> None:
         self._stop.wait()
         log.info("%s: stopping (%s) at step %d", self.task, self.reason, self.store.step)
@@ -86,13 +90,17 @@ class PsServer:
         self.store.close()
 
 
-def serve_ps(*, address: str, job_id: str, task: str, bind: str | None = None) -> int:
+def serve_ps(
+    *, address: str, job_id: str, task: str, bind: str | None = None, metrics_port: int = 0
+) -> int:
     """Serves until told to stop; returns the process exit code."""
     try:
         server = PsServer(address=address, job_id=job_id, task=task, bind=bind)
     except BindError as err:
         log.error("%s", err)
         return 1
+    if metrics_port:
+        _serve_metrics(server, port=metrics_port)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         server.stop(signal.Signals(signum).name)
@@ -102,3 +110,27 @@ def serve_ps(*, address: str, job_id: str, task: str, bind: str | None = None) -
     server.start()
     server.wait()
     return 0
+
+
+def _serve_metrics(server: PsServer, *, port: int) -> None:
+    """The ps's metrics: its step and bytes moved, refreshed every second from its counters."""
+    from jaxps_runtime.metrics import Metrics  # noqa: PLC0415
+
+    metrics = Metrics(task=server.task)
+    if metrics.serve(port) is None:
+        return
+    seen = {"bytes_in": 0.0, "bytes_out": 0.0}
+
+    def refresh() -> None:
+        while not server.stopped.wait(1.0):
+            counters = server.store.counters.snapshot()
+            metrics.global_step.set(server.store.step)
+            metrics.staleness.set(counters.get("staleness", 0.0))
+            for key, counter in (
+                ("bytes_in", metrics.bytes_pushed),
+                ("bytes_out", metrics.bytes_pulled),
+            ):
+                counter.inc(counters.get(key, 0.0) - seen[key])
+                seen[key] = counters.get(key, 0.0)
+
+    threading.Thread(target=refresh, name="metrics", daemon=True).start()

@@ -1,0 +1,38 @@
+"""The evaluator: every `evalEverySteps` global steps, pulls the parameters and evaluates them
+on the held-out data; exports the metrics (Prometheus `jaxps_eval{metric=...}`) and reports
+them to the chief, which uses the final ones in its summary.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from jaxps_runtime.task import Task
+
+log = logging.getLogger(__name__)
+
+
+def run(task: Task) -> int:
+    training = task.training
+    client = task.ps_client()
+    coordinator = task.coordinator()
+    try:
+        coordinator.register(timeout=training.startupTimeoutSeconds)
+        step = client.wait_ready(timeout=training.startupTimeoutSeconds)
+        every = training.evalEverySteps
+        while True:
+            target = min(training.steps, (step // every + 1) * every)
+            step, named = client.pull(min_step=target)
+            results = task.evaluate(task.layout.unflatten(named))
+            task.metrics.set_eval(results)
+            task.metrics.global_step.set(step)
+            log.info("step %d: %s", step, "  ".join(f"{k} {v:.4f}" for k, v in results.items()))
+            done = step >= training.steps
+            state = coordinator.heartbeat(
+                step=step, loss=results.get("loss", float("nan")), metrics=results, done=done
+            )
+            if done or (state is not None and state.stop and step >= training.steps):
+                return 0
+    finally:
+        coordinator.close()
+        client.close()

@@ -1,0 +1,117 @@
+"""What every training role (worker, chief, evaluator) sets up the same way.
+
+The model and dataset from the training configuration, the parameter layout and placement
+(computed from shapes alone, so every process derives the same map), a ps client, the
+coordinator client, and the metrics server.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxps_runtime import cluster, models, placement
+from jaxps_runtime.client import PsClient
+from jaxps_runtime.config import TrainingConfig
+from jaxps_runtime.coordinator import CoordinatorClient
+from jaxps_runtime.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Task:
+    """One task of a training job, with what it needs to play its role."""
+
+    spec: cluster.TFConfig
+    training: TrainingConfig
+    job_id: str
+    metrics: Metrics
+
+    @property
+    def name(self) -> str:
+        return self.spec.task.name
+
+    @property
+    def worker_names(self) -> list[str]:
+        return [f"worker-{i}" for i in range(self.spec.cluster.num_tasks(cluster.WORKER))]
+
+    @property
+    def chief_address(self) -> str:
+        return self.spec.cluster.address(self.spec.cluster.chief_task())
+
+    @functools.cached_property
+    def model(self) -> models.Model:
+        m = self.training.model
+        return models.build_model(name=m.name, module=m.module, kwargs=m.kwargs)
+
+    @functools.cached_property
+    def dataset(self) -> models.Dataset:
+        d = self.training.dataset
+        return models.build_dataset(name=d.name, kwargs=d.kwargs, seed=self.training.seed)
+
+    @functools.cached_property
+    def shapes(self) -> Any:
+        """The parameter pytree as ShapeDtypeStructs: no values computed."""
+        return jax.eval_shape(self.model.init, jax.random.PRNGKey(self.training.seed))
+
+    @functools.cached_property
+    def layout(self) -> placement.Layout:
+        return placement.named_leaves(self.shapes)[0]
+
+    @functools.cached_property
+    def placement(self) -> placement.Placement:
+        p = self.training.placement
+        return placement.plan(
+            placement.variables_of(self.shapes),
+            num_ps=self.spec.cluster.num_tasks(cluster.PS),
+            strategy=p.strategy,
+            min_shard_bytes=p.minShardBytes,
+        )
+
+    @functools.cached_property
+    def tables(self) -> dict[str, str]:
+        """Embedding tables pulled by rows: variable name -> batch key of its row ids."""
+        return {
+            jax.tree_util.keystr((jax.tree_util.DictKey(table),)): key
+            for table, key in self.model.sparse.items()
+        }
+
+    @property
+    def dense_variables(self) -> list[str]:
+        return [v.name for v in self.placement.variables if v.name not in self.tables]
+
+    def initial_params(self) -> dict[str, np.ndarray]:
+        params = self.model.init(jax.random.PRNGKey(self.training.seed))
+        return {n: np.asarray(v) for n, v in placement.named_leaves(params)[1].items()}
+
+    def ps_client(self) -> PsClient:
+        return PsClient(
+            addresses=self.spec.cluster.addresses(cluster.PS),
+            placement=self.placement,
+            job_id=self.job_id,
+            task=self.name,
+        )
+
+    def coordinator(self) -> CoordinatorClient:
+        return CoordinatorClient(
+            address=self.chief_address,
+            job_id=self.job_id,
+            task=self.name,
+            incarnation=secrets.randbits(62) | 1,
+        )
+
+    @functools.cached_property
+    def _evaluate(self) -> Any:
+        return jax.jit(self.model.evaluate)
+
+    def evaluate(self, params: Any) -> dict[str, float]:
+        """The model's metrics on the whole held-out set."""
+        values = self._evaluate(params, self.dataset.test())
+        return {k: float(v) for k, v in values.items()}
