@@ -230,12 +230,11 @@ class Chief:
             if members
             else {}
         )
-        loss = self.membership.mean_loss()
         summary: dict[str, Any] = {
             "event": "done",
             "step": step,
-            "loss": None if math.isnan(loss) else round(loss, 6),
-            "eval": {k: round(v, 6) for k, v in evaluation.items()},
+            "loss": _number(self.membership.mean_loss()),
+            "eval": {k: _number(v) for k, v in evaluation.items()},
             "seconds": round(time.monotonic() - self.started, 3),
             "examplesPerSecond": round(sum(m.examples_per_second for m in members), 1),
             "stepSeconds": {k: round(v, 6) for k, v in timing.items()},
@@ -248,6 +247,11 @@ class Chief:
             except OSError as err:
                 log.warning("cannot write %s: %s", TERMINATION_LOG, err)
         print(line, flush=True)
+
+
+def _number(value: float) -> float | None:
+    """JSON has no NaN or infinity: a diverged loss is reported as null."""
+    return round(value, 6) if math.isfinite(value) else None
 
 
 def _export(path: Path, named: dict[str, np.ndarray]) -> None:

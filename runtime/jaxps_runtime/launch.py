@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -147,6 +147,7 @@ class LocalJob:
     processes: dict[str, subprocess.Popen[bytes]]
     log_dir: Path
     env: dict[str, str]
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def start(
@@ -193,6 +194,7 @@ class LocalJob:
                 [sys.executable, "-m", "jaxps_runtime"], env=env, stdout=out, stderr=err
             )
         self.processes[name] = proc
+        self.metrics_ports[name] = metrics_port
         return proc
 
     def wait(self, *, timeout: float) -> dict[str, int | None]:

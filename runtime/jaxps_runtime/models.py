@@ -68,7 +68,7 @@ DATASETS: tuple[str, ...] = ("synthetic", "digits", "sparse")
 DEFAULT_DATASET: dict[str, str] = {"linear": "synthetic", "mlp": "digits", "embedding": "sparse"}
 
 _MODULE_FORM = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-_ZIPF_EXPONENT = 1.1
+_ZIPF_EXPONENT = 1.2
 
 
 class ModelError(ValueError):
@@ -105,7 +105,9 @@ class Dataset(Protocol):
 # --- configuration checks ---------------------------------------------------------------------
 
 
-def _options(where: str, given: Mapping[str, Any] | None, defaults: Mapping[str, Any]) -> dict[str, Any]:
+def _options(
+    where: str, given: Mapping[str, Any] | None, *, defaults: Mapping[str, Any]
+) -> dict[str, Any]:
     """`defaults` overridden by `given`; refuses keys `defaults` lacks."""
     if given is None:
         return dict(defaults)
@@ -137,8 +139,9 @@ def _fraction(where: str, value: object) -> float:
     return float(value)
 
 
-def _check_columns(where: str, key: str, array: jax.Array, expected: int) -> None:
+def _check_columns(where: str, batch: Mapping[str, jax.Array], *, key: str, expected: int) -> None:
     """Shapes are static under jit, so a mismatch with the dataset fails at trace time, clearly."""
+    array = batch[key]
     if array.ndim != 2 or array.shape[1] != expected:
         raise ModelError(
             f"{where}: the model expects {expected} columns in batch {key!r}, got shape "
@@ -149,10 +152,14 @@ def _check_columns(where: str, key: str, array: jax.Array, expected: int) -> Non
 # --- models -----------------------------------------------------------------------------------
 
 
-def _dense(key: jax.Array, fan_in: int, fan_out: int) -> dict[str, jax.Array]:
+def _dense(key: jax.Array, *, fan_in: int, fan_out: int) -> dict[str, jax.Array]:
     """A layer as Keras initialises it: glorot-uniform kernel, zero bias."""
     kernel = jax.nn.initializers.glorot_uniform()(key, (fan_in, fan_out), jnp.float32)
     return {"kernel": kernel, "bias": jnp.zeros((fan_out,), jnp.float32)}
+
+
+def _affine(layer: Mapping[str, jax.Array], x: jax.Array) -> jax.Array:
+    return x @ layer["kernel"] + layer["bias"]
 
 
 class LinearModel:
@@ -163,14 +170,12 @@ class LinearModel:
         self.sparse: Mapping[str, str] = MappingProxyType({})
 
     def init(self, key: jax.Array) -> Params:
-        return _dense(key, self.features, 1)
-
-    def _predict(self, params: Params, x: jax.Array) -> jax.Array:
-        _check_columns("model.kwargs.features", "x", x, self.features)
-        return (x @ params["kernel"] + params["bias"])[:, 0]
+        return _dense(key, fan_in=self.features, fan_out=1)
 
     def loss(self, params: Params, batch: Mapping[str, jax.Array]) -> jax.Array:
-        return jnp.mean((self._predict(params, batch["x"]) - batch["y"]) ** 2)
+        _check_columns("model.kwargs.features", batch, key="x", expected=self.features)
+        errors = _affine(params, batch["x"])[:, 0] - batch["y"]
+        return jnp.mean(errors**2)
 
     def evaluate(self, params: Params, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         return {"loss": self.loss(params, batch)}
@@ -182,7 +187,9 @@ class MlpModel:
     Parameters: ``{"hidden_0": {kernel, bias}, ..., "output": {kernel, bias}}``.
     """
 
-    def __init__(self, *, hidden: Sequence[int] = (64,), inputs: int = 64, classes: int = 10):
+    def __init__(
+        self, *, hidden: Sequence[int] = (64,), inputs: int = 64, classes: int = 10
+    ) -> None:
         self.hidden = tuple(hidden)
         self.inputs = inputs
         self.classes = classes
@@ -193,22 +200,24 @@ class MlpModel:
         keys = jax.random.split(key, len(widths) - 1)
         names = [f"hidden_{i}" for i in range(len(self.hidden))] + ["output"]
         return {
-            name: _dense(k, fan_in, fan_out)
-            for name, k, fan_in, fan_out in zip(names, keys, widths, widths[1:], strict=True)
+            name: _dense(k, fan_in=fan_in, fan_out=fan_out)
+            for name, k, fan_in, fan_out in zip(names, keys, widths[:-1], widths[1:], strict=True)
         }
 
-    def _logits(self, params: Params, x: jax.Array) -> jax.Array:
-        _check_columns("model.kwargs.inputs", "x", x, self.inputs)
+    def _logits(self, params: Params, batch: Mapping[str, jax.Array]) -> jax.Array:
+        _check_columns("model.kwargs.inputs", batch, key="x", expected=self.inputs)
+        x = batch["x"]
         for i in range(len(self.hidden)):
-            x = jax.nn.relu(x @ params[f"hidden_{i}"]["kernel"] + params[f"hidden_{i}"]["bias"])
-        return x @ params["output"]["kernel"] + params["output"]["bias"]
+            x = jax.nn.relu(_affine(params[f"hidden_{i}"], x))
+        return _affine(params["output"], x)
 
     def loss(self, params: Params, batch: Mapping[str, jax.Array]) -> jax.Array:
-        logits = self._logits(params, batch["x"])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+        logits = self._logits(params, batch)
+        losses: jax.Array = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"])
+        return losses.mean()
 
     def evaluate(self, params: Params, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-        logits = self._logits(params, batch["x"])
+        logits = self._logits(params, batch)
         return {
             "loss": optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean(),
             "accuracy": jnp.mean(jnp.argmax(logits, axis=-1) == batch["y"]),
@@ -220,7 +229,7 @@ class EmbeddingModel:
 
     Parameters: ``{"embedding": [rows, dim], "dense": {"kernel": [dim, 1], "bias": [1]}}``; the
     table is read only as ``params["embedding"][batch["ids"]]`` (``sparse = {"embedding":
-    "ids"}``).
+    "ids"}``). The table starts at N(0, 0.01^2), the dense layer as Keras would.
     """
 
     def __init__(self, *, rows: int = 200_000, dim: int = 16, ids_per_example: int = 4) -> None:
@@ -231,18 +240,21 @@ class EmbeddingModel:
 
     def init(self, key: jax.Array) -> Params:
         table_key, dense_key = jax.random.split(key)
-        table = 0.1 * jax.random.normal(table_key, (self.rows, self.dim), jnp.float32)
-        return {"embedding": table, "dense": _dense(dense_key, self.dim, 1)}
+        table = 0.01 * jax.random.normal(table_key, (self.rows, self.dim), jnp.float32)
+        return {"embedding": table, "dense": _dense(dense_key, fan_in=self.dim, fan_out=1)}
 
     def _logits(self, params: Params, batch: Mapping[str, jax.Array]) -> jax.Array:
-        ids = batch["ids"]
-        _check_columns("model.kwargs.idsPerExample", "ids", ids, self.ids_per_example)
-        pooled = params["embedding"][ids].mean(axis=1)
-        return (pooled @ params["dense"]["kernel"] + params["dense"]["bias"])[:, 0]
+        _check_columns(
+            "model.kwargs.idsPerExample", batch, key="ids", expected=self.ids_per_example
+        )
+        pooled = params["embedding"][batch["ids"]].mean(axis=1)
+        return _affine(params["dense"], pooled)[:, 0]
 
     def loss(self, params: Params, batch: Mapping[str, jax.Array]) -> jax.Array:
-        logits = self._logits(params, batch)
-        return optax.sigmoid_binary_cross_entropy(logits, batch["y"]).mean()
+        losses: jax.Array = optax.sigmoid_binary_cross_entropy(
+            self._logits(params, batch), batch["y"]
+        )
+        return losses.mean()
 
     def evaluate(self, params: Params, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         logits = self._logits(params, batch)
@@ -256,7 +268,8 @@ class EmbeddingModel:
 
 
 @functools.lru_cache(maxsize=16)
-def _epoch_order(seed: int, worker: int, epoch: int, size: int) -> np.ndarray:
+def _epoch_order(seed: int, *, worker: int, epoch: int, size: int) -> np.ndarray:
+    """The order worker `worker` reads its `size` rows in during `epoch` (cached, read-only)."""
     order = np.random.default_rng([seed, worker, epoch]).permutation(size)
     order.setflags(write=False)
     return order
@@ -275,7 +288,9 @@ class ArrayDataset:
     reads them in a permutation drawn from (seed, worker, epoch), epoch after epoch.
     """
 
-    def __init__(self, *, train: Mapping[str, np.ndarray], test: Mapping[str, np.ndarray], seed: int):
+    def __init__(
+        self, *, train: Mapping[str, np.ndarray], test: Mapping[str, np.ndarray], seed: int
+    ) -> None:
         self._train = _frozen(train)
         self._test = _frozen(test)
         self.seed = seed
@@ -300,7 +315,8 @@ class ArrayDataset:
         rows = np.empty(batch_size, np.int64)
         for epoch in np.unique(epochs):
             pick = epochs == epoch
-            rows[pick] = shard[_epoch_order(self.seed, worker, int(epoch), len(shard))[offsets[pick]]]
+            order = _epoch_order(self.seed, worker=worker, epoch=int(epoch), size=len(shard))
+            rows[pick] = shard[order[offsets[pick]]]
         return rows
 
     def train_batch(self, *, worker: int, num_workers: int, step: int, batch_size: int) -> Batch:
@@ -336,7 +352,7 @@ class DigitsDataset(ArrayDataset):
     [0, 1], ``y`` int32 [n] in 0..9; the split is stratified by class and fixed by the seed."""
 
     def __init__(self, *, test_fraction: float, seed: int) -> None:
-        from sklearn.datasets import load_digits  # type: ignore[import-untyped]  # noqa: PLC0415
+        from sklearn.datasets import load_digits  # noqa: PLC0415
 
         digits = load_digits()
         x = (np.asarray(digits.data) / 16.0).astype(np.float32)
@@ -361,7 +377,7 @@ class SparseDataset(ArrayDataset):
     """Categorical data for the embedding model. Keys ``ids`` int64 [n, ids_per_example] and
     ``y`` float32 [n] in {0, 1}.
 
-    Ids follow a Zipf-like law over ``[0, id_range)`` (rank r has weight ``(r + 1) ** -1.1``;
+    Ids follow a Zipf-like law over ``[0, id_range)`` (rank r has weight ``(r + 1) ** -1.2``;
     ranks map to ids by a seeded permutation, so hot ids are spread over the table). Each id has
     a hidden score ~ N(0, 1) from the seed; an example is positive when the sum of its ids'
     scores exceeds the median sum (so the classes are balanced).
@@ -406,12 +422,12 @@ def build_model(
     ``module = "package.module:factory"`` (then `name` is only a label)."""
     if module is not None:
         return _user_model(module, kwargs)
-    if name not in _MODEL_DEFAULTS:
+    if not isinstance(name, str) or name not in _MODEL_DEFAULTS:
         raise ModelError(
             f"model.name: {name!r} is not a built-in model; allowed: {', '.join(MODELS)} "
             "(or set model.module to 'package.module:factory' for your own)"
         )
-    opts = _options("model.kwargs", kwargs, _MODEL_DEFAULTS[name])
+    opts = _options("model.kwargs", kwargs, defaults=_MODEL_DEFAULTS[name])
     if name == "linear":
         return LinearModel(features=_count("model.kwargs.features", opts["features"]))
     if name == "mlp":
@@ -429,12 +445,12 @@ def build_model(
 
 def build_dataset(*, name: str, kwargs: Mapping[str, Any] | None = None, seed: int = 0) -> Dataset:
     """The built-in dataset `name`; its split, generated values and batch order follow `seed`."""
-    if name not in _DATASET_DEFAULTS:
+    if not isinstance(name, str) or name not in _DATASET_DEFAULTS:
         raise ModelError(
             f"dataset.name: {name!r} is not a built-in dataset; allowed: {', '.join(DATASETS)}"
         )
-    seed = _count("dataset.seed", seed, minimum=0)
-    opts = _options("dataset.kwargs", kwargs, _DATASET_DEFAULTS[name])
+    seed = _count("seed", seed, minimum=0)
+    opts = _options("dataset.kwargs", kwargs, defaults=_DATASET_DEFAULTS[name])
     if name == "synthetic":
         return SyntheticDataset(
             features=_count("dataset.kwargs.features", opts["features"]),
@@ -471,7 +487,8 @@ def _user_model(module: str, kwargs: Mapping[str, Any] | None) -> Model:
     for attr in factory_path.split("."):
         if not hasattr(obj, attr):
             raise ModelError(
-                f"{where}: {module!r}: {module_name!r} has no attribute {factory_path!r}; {expected}"
+                f"{where}: {module!r}: {module_name!r} has no attribute {factory_path!r}; "
+                f"{expected}"
             )
         obj = getattr(obj, attr)
     if not callable(obj):
@@ -480,7 +497,7 @@ def _user_model(module: str, kwargs: Mapping[str, Any] | None) -> Model:
         raise ModelError(f"model.kwargs: expected an object of keyword arguments, got {kwargs!r}")
     factory: Callable[..., Any] = obj
     try:
-        model = factory(**(kwargs or {}))
+        model: Model = factory(**(kwargs or {}))
     except ModelError:
         raise
     except (TypeError, ValueError) as err:
@@ -496,4 +513,4 @@ def _user_model(module: str, kwargs: Mapping[str, Any] | None) -> Model:
             f"{where}: {module!r} returned a {type(model).__name__} lacking "
             f"{', '.join(missing)}; a model needs sparse, init, loss and evaluate"
         )
-    return model  # type: ignore[no-any-return]
+    return model

@@ -229,6 +229,25 @@ class ParameterServicer:
                 store.contribute(step=header.step, contributor=contributor, grads=grads)
             )
         # Async and bounded staleness: each shard is updated as soon as its bytes are in.
+        try:
+            return self._push_async(
+                header, first, request_iterator, specs=specs, helds=helds, assembler=assembler
+            )
+        except BaseException:
+            store.release()
+            raise
+
+    def _push_async(
+        self,
+        header: tensor_pb2.FrameHeader,
+        first: Any,
+        request_iterator: Iterator[bytes],
+        *,
+        specs: list[streams.Spec],
+        helds: list[Any],
+        assembler: streams.Assembler,
+    ) -> ps_pb2.PushReply:
+        store = self.store
         skip = store.already_applied(header.push_id)
         pending = []
         for decoded in self._chunks(first, request_iterator):

@@ -132,6 +132,7 @@ class ParameterStore:
         self._mode = Mode()
         self._workers: tuple[str, ...] = ()
         self._clocks: dict[str, int] = {}  # pushes counted per worker (bounded staleness)
+        self._reserved = 0  # async pushes admitted and not yet counted (see `admit`)
         # Sync: the running sums of the current step, who contributed them, and whether the
         # step is sealed (being applied: later pushes for it are stale, as backup workers' are).
         # Guarded by `_sync_lock`, taken before `_lock` when both are needed.
@@ -249,6 +250,7 @@ class ParameterStore:
                 self._mode = mode or Mode()
                 self._workers = tuple(workers)
                 self._clocks = {}
+                self._reserved = 0
                 self._sums, self._contributors, self._sealed = {}, set(), False
                 self._tensors = {s.name: Held(s) for s in specs}
                 self._optimizer, self._applier = optimizer, applier
@@ -339,6 +341,7 @@ class ParameterStore:
         steps stay equal; a push whose id was counted before is a duplicate and counts nothing.
         """
         with self._changed:
+            self._reserved = max(self._reserved - 1, 0)
             duplicate = bool(push_id) and push_id in self._finished
             if not duplicate:
                 self._step += 1
@@ -377,16 +380,29 @@ class ParameterStore:
             return max(self._expected() - len(self._contributors), 0)
 
     def admit(self, *, step: int) -> PushResult | None:
-        """A refusal for a push computed at `step`, decided before its bytes are read; or None."""
+        """A refusal for a push computed at `step`, decided before its bytes are read; or None.
+
+        Async and bounded staleness: an admitted push reserves one of the steps left before
+        `last_step` (so concurrent pushes never take the step past it) until `finish_push` or
+        `release` returns it.
+        """
         with self._lock:
             current, mode = self._step, self._mode
-        if mode.last_step and current >= mode.last_step:
+            left = mode.last_step - current - self._reserved if mode.last_step else 1
+            if mode.kind != ps_pb2.SYNC and left > 0:
+                self._reserved += 1
+        if left <= 0:
             self.counters.add("pushes_rejected")
-            return PushResult(False, current, f"training is over: step {current} reached")
+            return PushResult(False, current, f"training is over: step {mode.last_step} reached")
         if mode.kind == ps_pb2.SYNC and step != current:
             self.counters.add("pushes_stale")
             return PushResult(False, current, f"stale: computed at step {step}, ps is at {current}")
         return None
+
+    def release(self) -> None:
+        """Returns the step an admitted push reserved (the push failed before it counted)."""
+        with self._lock:
+            self._reserved = max(self._reserved - 1, 0)
 
     def contribute(
         self, *, step: int, contributor: str, grads: Mapping[str, tuple[Held, np.ndarray]]

@@ -1,0 +1,264 @@
+"""Training across real ps, worker, chief and evaluator processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from jaxps_runtime import cluster, config, launch, models, placement
+from jaxps_runtime.task import Task
+
+pytestmark = pytest.mark.process
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+MLP = {
+    "model": {"name": "mlp"},
+    "steps": 300,
+    "batchSize": 32,
+    "optimizer": {"name": "adam", "kwargs": {"learning_rate": 0.01}},
+    "logEverySeconds": 2,
+}
+
+
+@pytest.fixture
+def jobs(tmp_path: Path) -> Iterator[list[launch.LocalJob]]:
+    """Jobs a test starts; whatever happens, none of their processes outlives the test."""
+    started: list[launch.LocalJob] = []
+    yield started
+    for job in started:
+        job.stop()
+
+
+def _run(
+    jobs: list[launch.LocalJob],
+    tmp_path: Path,
+    training: dict[str, Any],
+    *,
+    timeout: float = 240,
+    **kwargs: Any,
+) -> tuple[launch.LocalJob, dict[str, Any]]:
+    job = launch.LocalJob.start(training=training, log_dir=tmp_path / "logs", **kwargs)
+    jobs.append(job)
+    codes = job.wait(timeout=timeout)
+    assert all(code == 0 for code in codes.values()), f"{codes}\n{job.logs()}"
+    return job, job.summary()
+
+
+def test_sync_mlp_on_digits_reaches_95_percent_and_every_process_exits_0(
+    jobs: list[launch.LocalJob], tmp_path: Path
+) -> None:
+    _, summary = _run(jobs, tmp_path, {**MLP, "mode": "sync"}, ps=2, workers=2)
+    assert summary["event"] == "done"
+    assert summary["step"] == 300
+    assert summary["eval"]["accuracy"] >= 0.95
+    assert set(summary["stepSeconds"]) == {"pull", "compute", "push"}
+
+
+def _reference_sync(training: config.TrainingConfig, *, workers: int) -> dict[str, np.ndarray]:
+    """One process taking the same averaged steps: the mean of every worker's gradient."""
+    model = models.build_model(name=training.model.name, kwargs=training.model.kwargs)
+    data = models.build_dataset(name=training.dataset.name, seed=training.seed)
+    params = model.init(jax.random.PRNGKey(training.seed))
+    names = placement.named_leaves(params)[1]
+    values = {n: np.asarray(v) for n, v in names.items()}
+    layout = placement.named_leaves(params)[0]
+    tx = optax.adam(**training.optimizer.kwargs)
+    states = {n: tx.init(v) for n, v in values.items()}  # one state per leaf, as on the ps
+    grad = jax.jit(jax.value_and_grad(model.loss))
+    for step in range(training.steps):
+        total: dict[str, np.ndarray] = {}
+        for w in range(workers):
+            batch = data.train_batch(
+                worker=w, num_workers=workers, step=step, batch_size=training.batchSize
+            )
+            _, g = grad(layout.unflatten(values), batch)
+            for n, leaf in placement.named_leaves(g)[1].items():
+                part = np.array(leaf, dtype=np.float32)
+                total[n] = part if n not in total else np.add(total[n], part, out=total[n])
+        for n, g_sum in total.items():
+            mean = g_sum / np.float32(workers)
+            updates, states[n] = tx.update(mean, states[n], values[n])
+            values[n] = np.asarray(optax.apply_updates(values[n], updates))
+    return values
+
+
+def test_sync_training_equals_one_process_taking_the_averaged_steps(
+    jobs: list[launch.LocalJob], tmp_path: Path
+) -> None:
+    raw = {**MLP, "mode": "sync", "steps": 40, "seed": 7, "exportPath": str(tmp_path / "final.npz")}
+    _run(jobs, tmp_path, raw, ps=2, workers=2)
+    distributed = dict(np.load(tmp_path / "final.npz"))
+    reference = _reference_sync(config.parse(raw), workers=2)
+    assert set(distributed) == set(reference)
+    for name, value in reference.items():
+        np.testing.assert_allclose(distributed[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("mode", ["async", "boundedStaleness"])
+def test_async_and_bounded_staleness_converge(
+    jobs: list[launch.LocalJob], tmp_path: Path, mode: str
+) -> None:
+    _, summary = _run(jobs, tmp_path, {**MLP, "mode": mode}, ps=2, workers=2)
+    assert summary["step"] == 300
+    assert summary["eval"]["accuracy"] >= 0.9
+
+
+def test_embedding_loss_falls_and_untouched_rows_stay_unchanged(
+    jobs: list[launch.LocalJob], tmp_path: Path
+) -> None:
+    raw = {
+        "model": {"name": "embedding"},
+        "mode": "async",
+        "steps": 300,
+        "batchSize": 64,
+        "optimizer": {"name": "adagrad", "kwargs": {"learning_rate": 0.5}},
+        "exportPath": str(tmp_path / "final.npz"),
+    }
+    training = config.parse(raw)
+    _, summary = _run(jobs, tmp_path, raw, ps=2, workers=2)
+    spec = cluster.parse_tf_config(
+        cluster.build_tf_config(
+            cluster={"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3"]},
+            task_type="worker",
+            task_index=0,
+        )
+    )
+    task = Task(spec=spec, training=training, job_id="x", metrics=None)  # type: ignore[arg-type]
+    initial = task.initial_params()
+    before = task.evaluate(task.layout.unflatten(initial))
+    assert summary["eval"]["loss"] < before["loss"] - 0.05, (before, summary)
+    final = dict(np.load(tmp_path / "final.npz"))
+    table = "['embedding']"
+    assert final[table].shape[0] >= 200_000
+    id_range = getattr(task.dataset, "id_range")  # noqa: B009 - the sparse dataset's attribute
+    assert np.array_equal(final[table][id_range:], initial[table][id_range:])
+    assert not np.array_equal(final[table][:id_range], initial[table][:id_range])
+
+
+def _metric(port: int, name: str) -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_a_worker_killed_in_sync_mode_does_not_hang_the_others(
+    jobs: list[launch.LocalJob], tmp_path: Path
+) -> None:
+    training = {
+        **MLP,
+        "mode": "sync",
+        "steps": 400,
+        "heartbeatSeconds": 0.25,
+        "workerTimeoutSeconds": 3,
+    }
+    job = launch.LocalJob.start(training=training, log_dir=tmp_path / "logs", ps=2, workers=3)
+    jobs.append(job)
+    port = job.metrics_ports["worker-0"]
+    deadline = time.monotonic() + 120
+    while (_metric(port, "jaxps_global_step") or 0) < 50:
+        assert time.monotonic() < deadline, job.logs()
+        time.sleep(0.2)
+    job.processes["worker-2"].send_signal(signal.SIGKILL)
+    codes = job.wait(timeout=240)
+    assert codes.pop("worker-2") == -signal.SIGKILL
+    assert all(code == 0 for code in codes.values()), f"{codes}\n{job.logs()}"
+    summary = job.summary()
+    assert summary["step"] == 400
+    assert "worker-2 sent no heartbeat" in (tmp_path / "logs" / "worker-0.log").read_text()
+
+
+def test_a_user_model_from_examples_trains(jobs: list[launch.LocalJob], tmp_path: Path) -> None:
+    training = {
+        "model": {"name": "quadratic", "module": "quadratic:make_model"},
+        "dataset": {"name": "synthetic"},
+        "mode": "async",
+        "steps": 200,
+        "optimizer": {"name": "adam", "kwargs": {"learning_rate": 0.05}},
+    }
+    _, summary = _run(
+        jobs,
+        tmp_path,
+        training,
+        ps=1,
+        workers=2,
+        extra_env={"PYTHONPATH": str(EXAMPLES / "user_model")},
+    )
+    assert summary["step"] == 200
+    # From zero parameters the loss is the mean of y^2 (several units): it must fall far below.
+    assert summary["eval"]["loss"] < 0.1, summary
+
+
+def test_bad_training_configuration_exits_2_naming_the_field(tmp_path: Path) -> None:
+    job = launch.LocalJob.start(training={"steps": 0}, log_dir=tmp_path / "logs", ps=0, workers=1)
+    codes = job.wait(timeout=120)
+    job.stop()
+    assert codes == {"worker-0": 2}
+    assert "JAXPS_TRAINING.steps: got 0; expected an integer >= 1" in job.logs()
+
+
+def test_tf1_flags_with_a_bad_training_file_exit_2_naming_the_field(tmp_path: Path) -> None:
+    ports = launch.free_ports(2)
+    file = tmp_path / "training.yaml"
+    file.write_text("model: {name: mlp}\nmode: sideways\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxps_runtime",
+            f"--ps_hosts=127.0.0.1:{ports[0]}",
+            f"--worker_hosts=127.0.0.1:{ports[1]}",
+            "--job_name",
+            "worker",
+            "--task_index=0",
+            "--training",
+            str(file),
+        ],
+        env=launch.runtime_env({"JAXPS_METRICS_PORT": "0"}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert 'training.mode: got "sideways"; expected one of sync, async, boundedStaleness' in (
+        done.stderr
+    )
+
+
+def test_tf1_flags_start_a_ps_that_stops_with_exit_code_0() -> None:
+    ports = launch.free_ports(2)
+    address = f"127.0.0.1:{ports[0]}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jaxps_runtime",
+            f"--ps_hosts={address}",
+            f"--worker_hosts=127.0.0.1:{ports[1]}",
+            "--job_name",
+            "ps",
+            "--task_index=0",
+        ],
+        env=launch.runtime_env({"JAXPS_METRICS_PORT": "0"}),
+    )
+    try:
+        launch.wait_serving(address, timeout=60, process=proc)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
