@@ -57,6 +57,7 @@ verify: lint ## Lint, types, import contracts and the generated-stubs drift chec
 
 bench: install ## Run the benchmarks (JSON lines on stdout)
 	$(PY) bench/transport.py
+	$(PY) bench/training.py
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
