@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Install jaxps and its tools into .venv (Python packages; apt-get only if venv is missing)
 
-run: install ## Start two ps processes, push and pull a pytree through them, stop them (until `jaxps local` lands)
+run: install ## Train mlp on digits with 2 ps + 2 workers on this machine (until `jaxps local` lands)
 	$(PY) -m jaxps_runtime.demo
 
 test: install ## Run every test tier (unit, process)

@@ -154,6 +154,13 @@ class Chief:
             loss = self.membership.mean_loss()
             if not math.isnan(loss):
                 metrics.loss.set(loss)
+            metrics.examples_per_second.set(
+                sum(
+                    m.examples_per_second
+                    for m in self.membership.members()
+                    if m.task in self.membership.workers
+                )
+            )
             if step >= training.steps:
                 return 0
             alive = self.membership.live_workers(now=now, timeout=training.workerTimeoutSeconds)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -208,13 +209,13 @@ class LocalJob:
                 codes[name] = None
         return codes
 
-    def summary(self) -> dict[str, object]:
+    def summary(self) -> dict[str, Any]:
         """The chief's last stdout line, parsed."""
         chief = "chief-0" if "chief" in self.spec else "worker-0"
         lines = (self.log_dir / f"{chief}.out").read_text().strip().splitlines()
         if not lines:
             raise RuntimeError(f"{chief} printed no summary; see {self.log_dir}/{chief}.log")
-        result: dict[str, object] = json.loads(lines[-1])
+        result: dict[str, Any] = json.loads(lines[-1])
         return result
 
     def logs(self) -> str:

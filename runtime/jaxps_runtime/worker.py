@@ -98,6 +98,7 @@ class Worker:
 
     def _heartbeats(self, coordinator: Any, *, every: float) -> None:
         while not self.stop.wait(every):
+            self.task.metrics.examples_per_second.set(self.times.examples_per_second())
             state = coordinator.heartbeat(
                 step=self.step,
                 loss=self.loss,

@@ -104,11 +104,15 @@ def test_sync_training_equals_one_process_taking_the_averaged_steps(
         np.testing.assert_allclose(distributed[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
-@pytest.mark.parametrize("mode", ["async", "boundedStaleness"])
-def test_async_and_bounded_staleness_converge(
-    jobs: list[launch.LocalJob], tmp_path: Path, mode: str
+@pytest.mark.parametrize(
+    "mode",
+    [{"mode": "async"}, {"mode": "boundedStaleness"}, {"mode": "sync", "replicasToAggregate": 1}],
+    ids=["async", "bounded-staleness", "sync-with-a-backup-worker"],
+)
+def test_async_bounded_staleness_and_backup_workers_converge(
+    jobs: list[launch.LocalJob], tmp_path: Path, mode: dict[str, Any]
 ) -> None:
-    _, summary = _run(jobs, tmp_path, {**MLP, "mode": mode}, ps=2, workers=2)
+    _, summary = _run(jobs, tmp_path, {**MLP, **mode}, ps=2, workers=2)
     assert summary["step"] == 300
     assert summary["eval"]["accuracy"] >= 0.9
 
