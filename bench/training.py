@@ -14,7 +14,6 @@ workers after their first, compiling, step).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -25,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
 import jax
 import optax
+import results
 
 from jaxps_runtime import config, launch, models
 
@@ -51,31 +51,8 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def emit(
-    case: str,
-    *,
-    metric: str,
-    value: float,
-    unit: str,
-    baseline: str | None = None,
-    baseline_value: float | None = None,
-) -> None:
-    ratio = value / baseline_value if baseline_value else None
-    print(
-        json.dumps(
-            {
-                "bench": BENCH,
-                "case": case,
-                "metric": metric,
-                "value": round(value, 4),
-                "unit": unit,
-                "baseline": baseline,
-                "baseline_value": round(baseline_value, 4) if baseline_value else None,
-                "ratio": round(ratio, 3) if ratio else None,
-            }
-        ),
-        flush=True,
-    )
+def emit(case: str, **kwargs: Any) -> None:
+    results.emit(BENCH, case, **kwargs)
 
 
 def single_process(training: config.TrainingConfig, *, steps: int) -> float:

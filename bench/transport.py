@@ -12,7 +12,6 @@ faster). jaxps push includes applying the gradient on the ps (SGD).
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import statistics
 import subprocess
@@ -21,11 +20,13 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
 import grpc
 import numpy as np
+import results
 
 from jaxps_runtime import launch, optim, placement, rpc
 from jaxps_runtime.client import PsClient
@@ -34,31 +35,8 @@ CHUNK = 1 << 20
 BENCH = "transport"
 
 
-def emit(
-    case: str,
-    *,
-    metric: str,
-    value: float,
-    unit: str,
-    baseline: str | None = None,
-    baseline_value: float | None = None,
-) -> None:
-    ratio = value / baseline_value if baseline_value else None
-    print(
-        json.dumps(
-            {
-                "bench": BENCH,
-                "case": case,
-                "metric": metric,
-                "value": round(value, 1),
-                "unit": unit,
-                "baseline": baseline,
-                "baseline_value": round(baseline_value, 1) if baseline_value else None,
-                "ratio": round(ratio, 3) if ratio else None,
-            }
-        ),
-        flush=True,
-    )
+def emit(case: str, **kwargs: Any) -> None:
+    results.emit(BENCH, case, **kwargs)
 
 
 def timed_median(fn: Callable[[], None], *, repeats: int) -> float:
