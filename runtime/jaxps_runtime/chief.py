@@ -27,8 +27,8 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
-from jaxps_runtime import cluster, rpc, server
-from jaxps_runtime.client import PsClient
+from jaxps_runtime import checkpoint, cluster, recovery, rpc, server
+from jaxps_runtime.client import PsClient, PsClientError
 from jaxps_runtime.config import TrainingConfig
 from jaxps_runtime.coordinator import CoordinatorServicer, Membership
 from jaxps_runtime.shards import Mode
@@ -37,7 +37,6 @@ from jaxps_runtime.worker import Worker
 
 log = logging.getLogger(__name__)
 TERMINATION_LOG = Path("/dev/termination-log")
-EPOCH = 1
 
 _MODES = {"sync": ps_pb2.SYNC, "async": ps_pb2.ASYNC, "boundedStaleness": ps_pb2.BOUNDED_STALENESS}
 
@@ -49,6 +48,81 @@ def ps_mode(training: TrainingConfig) -> Mode:
         max_staleness=training.staleness,
         last_step=training.steps,
     )
+
+
+class Checkpointer:
+    """The chief's checkpoints: periodic ones in a background thread, one at a time, and the
+    final one. A checkpoint that fails (a ps died while writing) is simply not committed."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        config = task.training.checkpoint
+        self.root = Path(config.dir) if config.dir else None
+        self.every_steps = config.everySteps
+        # TensorFlow's CheckpointSaverHook default when neither is given: every 600 s.
+        self.every_seconds = config.everySeconds or (None if config.everySteps else 600.0)
+        self.last_step: int | None = None
+        self.last_time = time.monotonic()
+        self._thread: threading.Thread | None = None
+
+    def due(self, step: int) -> bool:
+        if self.root is None or (self._thread is not None and self._thread.is_alive()):
+            return False
+        if step + 1 >= self.task.training.steps:
+            return False  # the final checkpoint covers it
+        since = step - (self.last_step or 0)
+        return bool(
+            (self.every_steps and since >= self.every_steps)
+            or (self.every_seconds and time.monotonic() - self.last_time >= self.every_seconds)
+        )
+
+    def start(
+        self, *, step: int, epoch: int, incarnations: list[int], cursors: dict[str, int]
+    ) -> None:
+        self.last_time = time.monotonic()
+
+        def run() -> None:
+            client = self.task.ps_client()
+            client.epoch, client.incarnations = epoch, list(incarnations)
+            try:
+                self.save(client, step=step, epoch=epoch, cursors=cursors)
+            except (PsClientError, OSError) as err:
+                log.warning("checkpoint of step %d not committed: %s", step, err)
+            finally:
+                client.close()
+
+        self._thread = threading.Thread(target=run, name="checkpoint", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def save(self, client: PsClient, *, step: int, epoch: int, cursors: dict[str, int]) -> None:
+        assert self.root is not None
+        training = self.task.training
+        started = time.monotonic()
+        manifest = checkpoint.save(
+            client,
+            root=self.root,
+            step=step,
+            epoch=epoch,
+            placement=self.task.placement.to_dict(),
+            optimizer=training.optimizer.to_json(),
+            mode=training.mode,
+            cursors=cursors,
+            keep=training.checkpoint.keep,
+            timeout=max(120.0, 10 * training.workerTimeoutSeconds),
+        )
+        self.last_step = step
+        self.task.metrics.last_checkpoint_step.set(step)
+        size = sum(r.bytes for r in manifest.shards)
+        log.info(
+            "checkpoint of step %d committed (%.1f MB in %.2f s)",
+            step,
+            size / 1e6,
+            time.monotonic() - started,
+        )
 
 
 class Chief:
@@ -74,6 +148,10 @@ class Chief:
         if not self._server.add_insecure_port(where):
             raise server.BindError(f"{task.name}: cannot listen on {where}")
         self.started = time.monotonic()
+        self.checkpointer = Checkpointer(task)
+        self.recoveries: list[dict[str, Any]] = []
+        self.started_from: dict[str, Any] = {}
+        self.last_checkpoint: int | None = None
 
     def run(self) -> int:
         self._server.start()
@@ -117,36 +195,91 @@ class Chief:
             ", ".join(f"ps-{i} at {a}" for i, a in enumerate(client.addresses)),
         )
         client.wait_reachable(timeout=training.startupTimeoutSeconds)
-        params = self.task.initial_params()
-        client.init(
-            params,
-            optimizer=training.optimizer,
-            epoch=EPOCH,
-            mode=ps_mode(training),
-            workers=self.task.worker_names,
+        ready = recovery.bring_up(
+            client, self.task, mode=ps_mode(training), workers=self.task.worker_names, adopt=True
         )
-        self.membership.epoch = EPOCH
-        nbytes = sum(v.nbytes for v in params.values())
+        self._adopt(ready)
+        self.started_from = {"how": ready.how, "step": ready.step}
         log.info(
-            "initialised %d variables (%.1f MB) from seed %d on %d ps; %s mode, %d steps",
-            len(params),
-            nbytes / 1e6,
-            training.seed,
-            len(client.addresses),
+            "%s at step %d (epoch %d); %s mode, %d steps, checkpoints %s",
+            ready.how,
+            ready.step,
+            ready.epoch,
             training.mode,
             training.steps,
+            training.checkpoint.dir or "off",
         )
-        if training.checkpoint.dir:
-            log.warning(
-                "checkpoint.dir is set but checkpoints are not implemented yet; nothing is saved"
-            )
+
+    def _adopt(self, ready: recovery.Ready) -> None:
+        self.membership.epoch = ready.epoch
+        self.membership.step = ready.step
+        self.membership.set_cursors(ready.cursors)
+        if ready.how == "restored":
+            self.last_checkpoint = ready.step
+            self.task.metrics.last_checkpoint_step.set(ready.step)
+
+    def _ps_problem(self, client: PsClient) -> str | None:
+        """Why the ps tier needs a rollback (a ps down, restarted or not ready), or None."""
+        try:
+            statuses = client.statuses(timeout=10)
+        except PsClientError as err:
+            return str(err)
+        for i, status in enumerate(statuses):
+            if status.id.ps_incarnation != client.incarnations[i]:
+                return f"ps-{i} restarted (incarnation {status.id.ps_incarnation})"
+            if status.state != ps_pb2.READY or status.id.cluster_epoch != client.epoch:
+                return (
+                    f"ps-{i} is {ps_pb2.PsState.Name(status.state)} at epoch "
+                    f"{status.id.cluster_epoch}"
+                )
+        return None
+
+    def _recover(self, client: PsClient, problem: str) -> None:
+        """Rolls every ps back to the last committed checkpoint, at a new epoch."""
+        started, before = time.monotonic(), self.membership.step
+        log.warning("%s: rolling every ps back to the last committed checkpoint", problem)
+        self.checkpointer.wait()
+        client.wait_reachable(timeout=self.training.startupTimeoutSeconds)
+        live = self.membership.live_workers(
+            now=time.monotonic(), timeout=self.training.workerTimeoutSeconds
+        ) or list(self.task.worker_names)
+        ready = recovery.bring_up(
+            client,
+            self.task,
+            mode=ps_mode(self.training),
+            workers=live,
+            adopt=False,
+            epoch_floor=self.membership.epoch,
+        )
+        self._adopt(ready)
+        seconds = time.monotonic() - started
+        self.recoveries.append(
+            {
+                "reason": problem,
+                "fromStep": before,
+                "toStep": ready.step,
+                "seconds": round(seconds, 3),
+            }
+        )
+        log.warning(
+            "recovered in %.1f s: %s at step %d (from step %d), epoch %d",
+            seconds,
+            ready.how,
+            ready.step,
+            before,
+            ready.epoch,
+        )
 
     def _watch(self, client: PsClient) -> int:
         """Until the global step reaches `steps`; returns 0, or 1 if every worker is gone."""
         training, metrics = self.training, self.task.metrics
         live = list(self.task.worker_names)
-        last_log, last_step, last_time = time.monotonic(), 0, time.monotonic()
+        last_log, last_step, last_time = time.monotonic(), self.membership.step, time.monotonic()
         while True:
+            problem = self._ps_problem(client)
+            if problem is not None:
+                self._recover(client, problem)
+                continue
             step = min(client.steps())
             now = time.monotonic()
             self.membership.step = step
@@ -163,6 +296,13 @@ class Chief:
             )
             if step >= training.steps:
                 return 0
+            if self.checkpointer.due(step):
+                self.checkpointer.start(
+                    step=step + 1,
+                    epoch=client.epoch,
+                    incarnations=client.incarnations,
+                    cursors=self.membership.cursors(),
+                )
             alive = self.membership.live_workers(now=now, timeout=training.workerTimeoutSeconds)
             if alive != live:
                 gone, back = set(live) - set(alive), set(alive) - set(live)
@@ -217,7 +357,13 @@ class Chief:
         else:
             log.warning("gave up waiting for %s to finish", ", ".join(sorted(waiting_for)))
         evaluator = self.membership.member("evaluator-0")
+        self.checkpointer.wait()
         step, named = client.pull()
+        if self.checkpointer.root is not None:
+            # The final checkpoint, after the workers drained (TF#32549: not before).
+            self.checkpointer.save(
+                client, step=step, epoch=client.epoch, cursors=self.membership.cursors()
+            )
         if evaluator is not None and evaluator.done and evaluator.metrics:
             evaluation = dict(evaluator.metrics)
         else:
@@ -245,6 +391,9 @@ class Chief:
             "seconds": round(time.monotonic() - self.started, 3),
             "examplesPerSecond": round(sum(m.examples_per_second for m in members), 1),
             "stepSeconds": {k: round(v, 6) for k, v in timing.items()},
+            "startedFrom": self.started_from,
+            "lastCheckpointStep": self.checkpointer.last_step,
+            "recoveries": self.recoveries,
         }
         log.info("done: step %d, eval %s", step, summary["eval"])
         line = json.dumps(summary)

@@ -29,6 +29,10 @@ from jaxps_runtime.shards import Mode
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# Transient failures are retried after these pauses; a ps that restarted answers
+# FAILED_PRECONDITION on the next try, which goes to the caller at once.
+RETRY_BACKOFF = (0.1, 0.3, 0.9)
+TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
 class PsClientError(RuntimeError):
@@ -101,6 +105,19 @@ class PsClient:
             raise cls(
                 ps=ps, address=self.addresses[ps], method=method, code=code, details=details
             ) from err
+
+    def _retrying(self, ps: int, fn: Callable[[], T]) -> T:
+        """Runs fn, again after a backoff when the failure looks transient (the peer did not
+        answer). Callers make fn idempotent: a push is retried with the same push_id."""
+        for attempt in range(len(RETRY_BACKOFF) + 1):
+            try:
+                return fn()
+            except PsClientError as err:
+                if err.code not in TRANSIENT or attempt == len(RETRY_BACKOFF):
+                    raise
+                log.debug("%s: %s; retrying in %.1f s", self.task, err, RETRY_BACKOFF[attempt])
+                time.sleep(RETRY_BACKOFF[attempt])
+        raise AssertionError("unreachable")
 
     def _seen(self, ps: int, identity: tensor_pb2.Identity) -> None:
         known = self.incarnations[ps]
@@ -190,13 +207,17 @@ class PsClient:
                 last_log = time.monotonic()
             time.sleep(0.2)
 
+    def statuses(self, *, timeout: float = 10) -> list[ps_pb2.StatusReply]:
+        """Every ps's Status, at once."""
+        return self._each(lambda ps: self.status(ps, timeout=timeout))
+
     def steps(self) -> list[int]:
         """Every ps's step, now."""
         return self._each(lambda ps: self.status(ps, timeout=10).step)
 
     def init(
         self,
-        params: Mapping[str, np.ndarray],
+        params: Mapping[str, np.ndarray] | None,
         *,
         optimizer: optim.OptimizerConfig,
         epoch: int,
@@ -204,10 +225,13 @@ class PsClient:
         mode: Mode | None = None,
         workers: Sequence[str] = (),
     ) -> None:
-        """Declares every ps's shards and mode, then streams their initial values (chief only)."""
+        """Declares every ps's shards and mode, then streams their initial values (chief only).
+
+        With `params` None the shards are only declared: `restore` fills them from a checkpoint.
+        """
         self.epoch = epoch
         mode = mode or Mode()
-        arrays = self._named_arrays(params, what="params")
+        arrays = self._named_arrays(params, what="params") if params is not None else None
 
         def one(ps: int) -> None:
             shards = self._shards[ps]
@@ -224,6 +248,8 @@ class PsClient:
             )
             reply = self._call(ps, "Init", lambda: self._calls[ps]["Init"](request))
             self._seen(ps, reply.id)
+            if arrays is None:
+                return
             header = tensor_pb2.FrameHeader(
                 id=self.identity(ps), step=step, tensors=[self._spec(s) for s in shards]
             )
@@ -239,6 +265,30 @@ class PsClient:
                     code=None,
                     details=f"still missing {list(assigned.missing)}",
                 )
+
+        self._each(one)
+
+    def save(self, *, step: int, directory: str, timeout: float) -> list[ps_pb2.CheckpointReply]:
+        """Every ps writes its part of the checkpoint of `step` (waiting to get there)."""
+
+        def one(ps: int) -> ps_pb2.CheckpointReply:
+            request = ps_pb2.SaveRequest(id=self.identity(ps), step=step, directory=directory)
+            reply: ps_pb2.CheckpointReply = self._call(
+                ps, "Save", lambda: self._calls[ps]["Save"](request, timeout=timeout)
+            )
+            return reply
+
+        return self._each(one)
+
+    def restore(self, files: Sequence[tuple[str, str]], *, step: int) -> None:
+        """Every ps loads its (file, sha256) of a checkpoint (after `init` declared the shards)."""
+
+        def one(ps: int) -> None:
+            file, digest = files[ps]
+            request = ps_pb2.RestoreRequest(
+                id=self.identity(ps), step=step, file=file, sha256=digest
+            )
+            self._call(ps, "Restore", lambda: self._calls[ps]["Restore"](request, timeout=300))
 
         self._each(one)
 
@@ -288,12 +338,15 @@ class PsClient:
                 id=self.identity(ps), names=[s.name for s in shards], min_step=min_step
             )
             into = [self._shard_view(out[s.variable.name], s) for s in shards]
-            return self._receive(
+            return self._retrying(
                 ps,
-                "Pull",
-                start=lambda: self._calls[ps]["Pull"](request),
-                specs=[self._stream_spec(s) for s in shards],
-                into=into,
+                lambda: self._receive(
+                    ps,
+                    "Pull",
+                    start=lambda: self._calls[ps]["Pull"](request),
+                    specs=[self._stream_spec(s) for s in shards],
+                    into=into,
+                ),
             )
 
         steps = self._each(one)
@@ -322,12 +375,17 @@ class PsClient:
                 push_id=push_id,
                 tensors=[self._spec(s) for s in shards],
             )
-            frames = streams.frames(
-                header, self._buffers(arrays, shards), chunk_bytes=self._chunk_bytes
-            )
-            reply: ps_pb2.PushReply = self._call(
-                ps, "Push", lambda: self._calls[ps]["Push"](frames)
-            )
+
+            def attempt() -> ps_pb2.PushReply:
+                frames = streams.frames(
+                    header, self._buffers(arrays, shards), chunk_bytes=self._chunk_bytes
+                )
+                reply: ps_pb2.PushReply = self._call(
+                    ps, "Push", lambda: self._calls[ps]["Push"](frames)
+                )
+                return reply
+
+            reply = self._retrying(ps, attempt)
             self._seen(ps, reply.id)
             return reply
 

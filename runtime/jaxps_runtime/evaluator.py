@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+from jaxps_runtime.client import PsClientError
 from jaxps_runtime.task import Task
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,13 @@ def run(task: Task) -> int:
         every = training.evalEverySteps
         while True:
             target = min(training.steps, (step // every + 1) * every)
-            step, named = client.pull(min_step=target)
+            try:
+                step, named = client.pull(min_step=target)
+            except PsClientError as err:
+                log.warning("%s; waiting for the ps tier to be ready again", err)
+                client.incarnations = [0] * len(client.incarnations)
+                step = client.wait_ready(timeout=training.startupTimeoutSeconds)
+                continue
             results = task.evaluate(task.layout.unflatten(named))
             task.metrics.set_eval(results)
             task.metrics.global_step.set(step)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, NoReturn
 
 import grpc
@@ -18,7 +20,7 @@ import numpy as np
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import optim, rpc, streams
+from jaxps_runtime import optim, rpc, shardfile, streams
 from jaxps_runtime.shards import STATE_NAMES, Mode, ParameterStore, PsError, PushResult
 
 log = logging.getLogger(__name__)
@@ -193,13 +195,71 @@ class ParameterServicer:
 
     @_guarded
     def Save(self, request: ps_pb2.SaveRequest, context: grpc.ServicerContext) -> Any:
-        self.store.check(request.id, method="Save")
-        raise PsError(grpc.StatusCode.UNIMPLEMENTED, "Save: checkpoints are not served yet")
+        store = self.store
+        store.check(request.id, method="Save")
+        if not request.directory:
+            raise PsError(grpc.StatusCode.INVALID_ARGUMENT, "Save.directory: empty")
+        snapshot = store.snapshot_at(request.step, is_active=context.is_active)
+        path = Path(request.directory) / f"{store.task}.npz"
+        started = time.perf_counter()
+        try:
+            digest, size = shardfile.write(
+                path,
+                meta={
+                    "step": snapshot.step,
+                    "epoch": snapshot.epoch,
+                    "task": store.task,
+                    "optimizer": snapshot.optimizer,
+                },
+                values=snapshot.values,
+                states=snapshot.states,
+            )
+        except OSError as err:
+            raise PsError(grpc.StatusCode.INTERNAL, f"Save: cannot write {path}: {err}") from err
+        log.info(
+            "%s: saved step %d to %s (%.1f MB in %.2f s)",
+            store.task,
+            snapshot.step,
+            path,
+            size / 1e6,
+            time.perf_counter() - started,
+        )
+        return ps_pb2.CheckpointReply(
+            id=store.identity(), step=snapshot.step, file=str(path), sha256=digest, bytes=size
+        )
 
     @_guarded
     def Restore(self, request: ps_pb2.RestoreRequest, context: grpc.ServicerContext) -> Any:
-        self.store.check(request.id, method="Restore", ready=False)
-        raise PsError(grpc.StatusCode.UNIMPLEMENTED, "Restore: checkpoints are not served yet")
+        store = self.store
+        store.check(request.id, method="Restore", ready=False)
+        if request.id.cluster_epoch != store.identity().cluster_epoch:
+            raise PsError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"Restore: epoch {request.id.cluster_epoch} is not the epoch of the last Init "
+                f"({store.identity().cluster_epoch})",
+            )
+        path = Path(request.file)
+        try:
+            contents = shardfile.read(path, expected_sha256=request.sha256)
+        except shardfile.ShardFileError as err:
+            raise PsError(grpc.StatusCode.DATA_LOSS, f"Restore: {err}") from err
+        if contents.meta.get("optimizer") != store.optimizer_json():
+            raise PsError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"Restore: {path} was saved with optimizer {contents.meta.get('optimizer')}, "
+                f"the job now uses {store.optimizer_json()}",
+            )
+        store.restore(
+            step=request.step, values=contents.values, states=contents.states, where=str(path)
+        )
+        log.info("%s: restored step %d from %s", store.task, request.step, path)
+        return ps_pb2.CheckpointReply(
+            id=store.identity(),
+            step=request.step,
+            file=str(path),
+            sha256=request.sha256,
+            bytes=path.stat().st_size,
+        )
 
     # --- dense ------------------------------------------------------------------------------
 

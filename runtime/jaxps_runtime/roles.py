@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from jaxps_runtime import cluster, config, models, server
+from jaxps_runtime import checkpoint, cluster, config, models, server
 from jaxps_runtime.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,6 @@ def run(
         if task.type == cluster.WORKER:
             return worker.run(state)
         return evaluator.run(state)
-    except TimeoutError as err:
+    except (TimeoutError, checkpoint.CheckpointError) as err:
         log.error("%s", err)
         return EXIT_FAILED

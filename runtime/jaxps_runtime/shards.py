@@ -102,6 +102,20 @@ class Mode:
 
 
 @dataclass(frozen=True)
+class Snapshot:
+    """A ps's shards and optimizer states as they were when its step was `step`.
+
+    Values and states are immutable jax arrays: holding references is the whole copy.
+    """
+
+    step: int
+    epoch: int
+    optimizer: str
+    values: dict[str, jax.Array]
+    states: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class PushResult:
     accepted: bool
     step: int
@@ -133,6 +147,7 @@ class ParameterStore:
         self._workers: tuple[str, ...] = ()
         self._clocks: dict[str, int] = {}  # pushes counted per worker (bounded staleness)
         self._reserved = 0  # async pushes admitted and not yet counted (see `admit`)
+        self._snapshots: dict[int, Future[Snapshot]] = {}  # step -> taken when it is reached
         # Sync: the running sums of the current step, who contributed them, and whether the
         # step is sealed (being applied: later pushes for it are stale, as backup workers' are).
         # Guarded by `_sync_lock`, taken before `_lock` when both are needed.
@@ -247,6 +262,7 @@ class ParameterStore:
 
         def swap() -> None:
             with self._sync_lock, self._changed:
+                self._fail_snapshots(f"the chief re-initialised {self.task} (epoch {epoch})")
                 self._mode = mode or Mode()
                 self._workers = tuple(workers)
                 self._clocks = {}
@@ -347,6 +363,7 @@ class ParameterStore:
                 self._step += 1
                 if contributor:
                     self._clocks[contributor] = self._clocks.get(contributor, 0) + 1
+                self._take_snapshot_if_asked()
                 self._changed.notify_all()
             if push_id:
                 self._pushes.setdefault(push_id, set())
@@ -460,6 +477,7 @@ class ParameterStore:
         with self._sync_lock, self._changed:
             self._step += 1
             self._sealed = False
+            self._take_snapshot_if_asked()
             self._changed.notify_all()
             return self._step
 
@@ -496,7 +514,14 @@ class ParameterStore:
     def wait_for_step(self, min_step: int, *, is_active: Callable[[], bool]) -> int:
         """Blocks until the step is at least `min_step` (or the call ends or the ps stops)."""
         with self._changed:
+            epoch = self._epoch
             while self._step < min_step:
+                if self._epoch != epoch:
+                    raise PsError(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"Pull: cluster epoch changed to {self._epoch} (rolled back to step "
+                        f"{self._step}) while waiting for step {min_step}; pull again",
+                    )
                 if self._state == ps_pb2.SHUTTING_DOWN:
                     raise PsError(grpc.StatusCode.UNAVAILABLE, f"{self.task} is shutting down")
                 if not is_active():
@@ -523,6 +548,118 @@ class ParameterStore:
 
     def optimizer_json(self) -> str:
         return self._optimizer.to_json() if self._optimizer else ""
+
+    # --- checkpoints ------------------------------------------------------------------------
+
+    def _snapshot_locked(self) -> Snapshot:
+        return Snapshot(
+            step=self._step,
+            epoch=self._epoch,
+            optimizer=self.optimizer_json(),
+            values={n: h.value for n, h in self._tensors.items() if h.value is not None},
+            states={n: h.opt_state for n, h in self._tensors.items()},
+        )
+
+    def _take_snapshot_if_asked(self) -> None:
+        """With `_lock` held, right after the step changed."""
+        future = self._snapshots.pop(self._step, None)
+        if future is not None:
+            future.set_result(self._snapshot_locked())
+
+    def _fail_snapshots(self, why: str) -> None:
+        for step, future in self._snapshots.items():
+            future.set_exception(PsError(grpc.StatusCode.ABORTED, f"Save at step {step}: {why}"))
+        self._snapshots.clear()
+
+    def snapshot_at(self, step: int, *, is_active: Callable[[], bool]) -> Snapshot:
+        """The state as it is when the step becomes `step` (at once if it is `step` now).
+
+        In sync mode the cut is consistent: every update of a step lands before the step
+        advances. In async mode it is fuzzy, as TensorFlow's is: a push in flight may have
+        updated some shards already.
+        """
+        with self._lock:
+            if self._state != ps_pb2.READY:
+                raise PsError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"Save: {self.task} is {STATE_NAMES[self._state]}",
+                )
+            if self._step > step:
+                raise PsError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"Save: {self.task} is at step {self._step}, past step {step}",
+                )
+            if self._step == step:
+                return self._snapshot_locked()
+            future = self._snapshots.setdefault(step, Future())
+        while True:
+            try:
+                return future.result(timeout=0.5)
+            except TimeoutError:
+                if not is_active():
+                    raise PsError(grpc.StatusCode.CANCELLED, "the caller went away") from None
+                if self._state == ps_pb2.SHUTTING_DOWN:
+                    raise PsError(
+                        grpc.StatusCode.UNAVAILABLE, f"{self.task} is shutting down"
+                    ) from None
+
+    def restore(
+        self,
+        *,
+        step: int,
+        values: Mapping[str, np.ndarray],
+        states: Mapping[str, list[np.ndarray]],
+        where: str,
+    ) -> None:
+        """Loads every declared shard and its optimizer state; READY at `step`."""
+        with self._lock:
+            tensors, applier = dict(self._tensors), self._applier
+            if self._state != ps_pb2.ASSIGNING or applier is None:
+                raise PsError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"Restore: {self.task} is {STATE_NAMES[self._state]}; Init first",
+                )
+        missing = sorted(set(tensors) - set(values))
+        if missing:
+            raise PsError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"Restore: {where} has no shard {missing[0]!r}; the placement differs",
+            )
+        loaded: dict[str, tuple[jax.Array, Any]] = {}
+        for name, held in tensors.items():
+            array = values[name]
+            if tuple(array.shape) != held.spec.shape or array.dtype != held.spec.dtype:
+                raise PsError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"Restore: {where}: shard {name!r} is {array.dtype}{list(array.shape)}, "
+                    f"declared {held.spec.dtype.name}{list(held.spec.shape)}",
+                )
+            value = jax.device_put(array)
+            template = applier.init(value)
+            leaves, treedef = jax.tree_util.tree_flatten(template)
+            saved = states.get(name, [])
+            if len(saved) != len(leaves) or any(
+                np.shape(a) != np.shape(b) for a, b in zip(saved, leaves, strict=True)
+            ):
+                raise PsError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"Restore: {where}: the optimizer state of {name!r} does not fit the "
+                    "optimizer (was it saved with another one?)",
+                )
+            state = jax.tree_util.tree_unflatten(
+                treedef, [jax.device_put(np.asarray(a)) for a in saved]
+            )
+            loaded[name] = (value, state)
+
+        def swap() -> None:
+            with self._changed:
+                for name, (value, state) in loaded.items():
+                    self._tensors[name].value, self._tensors[name].opt_state = value, state
+                self._step = step
+                self._state = ps_pb2.READY
+                self._changed.notify_all()
+
+        self._executor.submit(swap).result()
 
     # --- shutdown ---------------------------------------------------------------------------
 

@@ -21,10 +21,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 import jax
 import numpy as np
 
 from jaxps_runtime import placement
+from jaxps_runtime.client import PsClientError, PsRestartedError
 from jaxps_runtime.task import Task
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,19 @@ class StepTimes:
         return self.examples / elapsed if elapsed > 0 else 0.0
 
 
+# Failures of the ps tier a worker waits out: a ps down or restarted, or rolled back by the chief.
+RECOVERABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        None,  # the reply showed another incarnation
+    }
+)
+
+
 def _bucket(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
@@ -78,6 +93,7 @@ class Worker:
         self.step = 0
         self.loss = math.nan
         self.times = StepTimes()
+        self.cursor = 0  # batches of this worker's data shard used so far
         self._grad = jax.jit(jax.value_and_grad(task.model.loss))
 
     def _gather_rows(
@@ -104,6 +120,7 @@ class Worker:
                 loss=self.loss,
                 metrics=self.times.means(),
                 examples_per_second=self.times.examples_per_second(),
+                cursor=self.cursor,
             )
             if state is not None and state.stop:
                 log.info("%s: the chief says training is over", self.task.name)
@@ -112,16 +129,18 @@ class Worker:
     def run(self) -> int:
         training = self.task.training
         coordinator = self.task.coordinator()
-        coordinator.register(timeout=training.startupTimeoutSeconds)
+        state = coordinator.register(timeout=training.startupTimeoutSeconds)
+        self.cursor = state.cursor if state is not None else 0
         self.step = self.client.wait_ready(timeout=training.startupTimeoutSeconds)
         log.info(
-            "%s: ps ready at step %d (epoch %d); training %s, data shard %d of %d",
+            "%s: ps ready at step %d (epoch %d); training %s, data shard %d of %d from batch %d",
             self.task.name,
             self.step,
             self.client.epoch,
             training.mode,
             self.index,
             self.num_workers,
+            self.cursor,
         )
         beat = threading.Thread(
             target=self._heartbeats,
@@ -141,6 +160,7 @@ class Worker:
                 done=True,
                 metrics=self.times.means(),
                 examples_per_second=self.times.examples_per_second(),
+                cursor=self.cursor,
             )
             coordinator.close()
             self.client.close()
@@ -148,52 +168,88 @@ class Worker:
         return 0
 
     def _loop(self) -> None:
-        training, task = self.task.training, self.task
-        sync = training.mode == "sync"
-        dense = task.dense_variables
-        buffers: dict[str, np.ndarray] | None = None
+        sync = self.task.training.mode == "sync"
+        self._buffers: dict[str, np.ndarray] | None = None
         min_step = 0
-        local = 0  # this worker's batches so far: its position in its data shard
         while not self.stop.is_set():
-            started = time.perf_counter()
-            step, buffers = self.client.pull(min_step=min_step, into=buffers, variables=dense)
-            self.step = step
-            task.metrics.global_step.set(step)
-            if step >= training.steps:
+            try:
+                min_step = self._step(min_step=min_step, sync=sync)
+            except PsClientError as err:
+                if err.code not in RECOVERABLE and not isinstance(err, PsRestartedError):
+                    raise
+                if not self._recover(err):
+                    return
+                min_step = 0  # the ps tier may have rolled back: take whatever step it is at
+            if min_step < 0:
                 return
-            batch = task.dataset.train_batch(
-                worker=self.index,
-                num_workers=self.num_workers,
-                step=local,
-                batch_size=training.batchSize,
+
+    def _recover(self, err: PsClientError) -> bool:
+        """Waits until every ps is ready again at one epoch; False if training ended meanwhile."""
+        log.warning("%s: %s; waiting for the ps tier to be ready again", self.task.name, err)
+        started = time.monotonic()
+        self.client.incarnations = [0] * len(self.client.incarnations)
+        while not self.stop.is_set():
+            try:
+                self.step = self.client.wait_ready(timeout=2.0)
+            except (TimeoutError, PsClientError):
+                if time.monotonic() - started > self.task.training.startupTimeoutSeconds:
+                    raise
+                continue
+            log.info(
+                "%s: ps tier ready again at step %d (epoch %d) after %.1f s",
+                self.task.name,
+                self.step,
+                self.client.epoch,
+                time.monotonic() - started,
             )
-            params: dict[str, Any] = dict(buffers)
-            rows = self._gather_rows(batch, params)
-            pulled = time.perf_counter()
-            loss, grads = self._grad(task.layout.unflatten(params), batch)
-            named = placement.named_leaves(grads)[1]
-            named = {n: np.asarray(g) for n, g in named.items()}
-            self.loss = float(loss)
-            computed = time.perf_counter()
-            if rows:
-                self.client.sparse_push({v: (ids, named[v]) for v, ids in rows.items()}, step=step)
-            replies = self.client.push(named, step=step, variables=dense)
-            pushed = time.perf_counter()
-            local += 1
-            task.metrics.loss.set(self.loss)
-            self.times.add(
-                pull=pulled - started,
-                compute=computed - pulled,
-                push=pushed - computed,
-                examples=training.batchSize,
-            )
-            refused = [r.reason for r in replies if not r.accepted]
-            if refused and log.isEnabledFor(logging.DEBUG):
-                log.debug("%s: push at step %d refused: %s", task.name, step, refused[0])
-            if sync:
-                min_step = step + 1
-            if any(r.step >= training.steps for r in replies) and not sync:
-                min_step = training.steps
+            return True
+        return False
+
+    def _step(self, *, min_step: int, sync: bool) -> int:
+        """One training step; returns the next pull's min_step, or -1 when training is over."""
+        training, task = self.task.training, self.task
+        dense = task.dense_variables
+        started = time.perf_counter()
+        step, self._buffers = self.client.pull(
+            min_step=min_step, into=self._buffers, variables=dense
+        )
+        self.step = step
+        task.metrics.global_step.set(step)
+        if step >= training.steps:
+            return -1
+        batch = task.dataset.train_batch(
+            worker=self.index,
+            num_workers=self.num_workers,
+            step=self.cursor,
+            batch_size=training.batchSize,
+        )
+        params: dict[str, Any] = dict(self._buffers)
+        rows = self._gather_rows(batch, params)
+        pulled = time.perf_counter()
+        loss, grads = self._grad(task.layout.unflatten(params), batch)
+        named = {n: np.asarray(g) for n, g in placement.named_leaves(grads)[1].items()}
+        self.loss = float(loss)
+        computed = time.perf_counter()
+        if rows:
+            self.client.sparse_push({v: (ids, named[v]) for v, ids in rows.items()}, step=step)
+        replies = self.client.push(named, step=step, variables=dense)
+        pushed = time.perf_counter()
+        self.cursor += 1
+        task.metrics.loss.set(self.loss)
+        self.times.add(
+            pull=pulled - started,
+            compute=computed - pulled,
+            push=pushed - computed,
+            examples=training.batchSize,
+        )
+        refused = [r.reason for r in replies if not r.accepted]
+        if refused and log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: push at step %d refused: %s", task.name, step, refused[0])
+        if sync:
+            return step + 1
+        if any(r.step >= training.steps for r in replies):
+            return training.steps
+        return 0
 
 
 def run(task: Task) -> int:

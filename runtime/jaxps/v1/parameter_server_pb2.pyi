@@ -156,24 +156,30 @@ class SaveRequest(_message.Message):
     def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., step: _Optional[int] = ..., directory: _Optional[str] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("id", "step", "directory")
+    __slots__ = ("id", "step", "file", "sha256")
     ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
-    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
     id: _tensor_pb2.Identity
     step: int
-    directory: str
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., step: _Optional[int] = ..., directory: _Optional[str] = ...) -> None: ...
+    file: str
+    sha256: str
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., step: _Optional[int] = ..., file: _Optional[str] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class CheckpointReply(_message.Message):
-    __slots__ = ("id", "step", "files")
+    __slots__ = ("id", "step", "file", "sha256", "bytes")
     ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
-    FILES_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
     id: _tensor_pb2.Identity
     step: int
-    files: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., step: _Optional[int] = ..., files: _Optional[_Iterable[str]] = ...) -> None: ...
+    file: str
+    sha256: str
+    bytes: int
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., step: _Optional[int] = ..., file: _Optional[str] = ..., sha256: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ("id", "reason")

@@ -147,14 +147,14 @@ class ParameterServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Save(self, request, context):
-        """Writes this ps's part of a checkpoint (hook for checkpoints; answers UNIMPLEMENTED for now).
+        """Writes this ps's part of a checkpoint, atomically, once its step reaches the asked one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Restore(self, request, context):
-        """Loads this ps's part of a checkpoint (hook for checkpoints; answers UNIMPLEMENTED for now).
+        """Loads this ps's part of a checkpoint after verifying its checksum; READY at its step.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
