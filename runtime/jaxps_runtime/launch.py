@@ -163,8 +163,12 @@ class LocalJob:
         job_id: str = "local-job",
         extra_env: Mapping[str, str] | None = None,
         order: Sequence[str] | None = None,
+        task_env: Mapping[str, Mapping[str, str]] | None = None,
     ) -> LocalJob:
-        """Starts the tasks (in `order` of task names if given) and returns at once."""
+        """Starts the tasks (only those in `order`, in that order, if given) and returns at once.
+
+        `task_env` adds environment variables to single tasks by name.
+        """
         counts = {"chief": int(chief), "ps": ps, "worker": workers, "evaluator": int(evaluator)}
         ports = iter(free_ports(2 * sum(counts.values())))
         spec = {
@@ -174,18 +178,28 @@ class LocalJob:
         log_dir.mkdir(parents=True, exist_ok=True)
         job = cls(spec=spec, processes={}, log_dir=log_dir, env=env)
         names = [f"{role}-{i}" for role, addrs in spec.items() for i in range(len(addrs))]
-        for name in order or names:
-            job.start_task(name, metrics_port=next(ports))
+        job.metrics_ports = {name: next(ports) for name in names}
+        for name in names if order is None else order:
+            job.start_task(
+                name, metrics_port=job.metrics_ports[name], env=(task_env or {}).get(name)
+            )
         return job
 
-    def start_task(self, name: str, *, metrics_port: int = 0) -> subprocess.Popen[bytes]:
+    def start_task(
+        self, name: str, *, metrics_port: int = 0, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         """Starts (or starts again) one task; its stdout goes to <name>.out, logs to <name>.log."""
         role, _, index = name.rpartition("-")
         tf_config = cluster.build_tf_config(
             cluster=self.spec, task_type=role, task_index=int(index)
         )
         env = runtime_env(
-            {**self.env, "TF_CONFIG": tf_config, "JAXPS_METRICS_PORT": str(metrics_port)}
+            {
+                **self.env,
+                "TF_CONFIG": tf_config,
+                "JAXPS_METRICS_PORT": str(metrics_port),
+                **(env or {}),
+            }
         )
         with (
             open(self.log_dir / f"{name}.out", "ab") as out,

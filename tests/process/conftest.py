@@ -1,8 +1,9 @@
-"""Process-test fixtures: real ps processes on 127.0.0.1, stopped however a test ends."""
+"""Process-test fixtures: real processes on 127.0.0.1, stopped however a test ends."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,3 +20,30 @@ def two_ps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[launch.LocalPs]
     running = launch.LocalPs.start(2, job_id=JOB_ID, log_dir=logs)
     yield running
     running.stop()
+
+
+@pytest.fixture
+def jobs() -> Iterator[list[launch.LocalJob]]:
+    """Jobs a test starts; whatever happens, none of their processes outlives the test."""
+    started: list[launch.LocalJob] = []
+    yield started
+    for job in started:
+        job.stop()
+
+
+def _read_metric(port: int, name: str) -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+@pytest.fixture
+def metric() -> Callable[[int, str], float | None]:
+    """Reads one jaxps metric from a task's /metrics (None while it does not answer)."""
+    return _read_metric

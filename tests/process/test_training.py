@@ -6,8 +6,7 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +27,6 @@ MLP = {
     "optimizer": {"name": "adam", "kwargs": {"learning_rate": 0.01}},
     "logEverySeconds": 2,
 }
-
-
-@pytest.fixture
-def jobs(tmp_path: Path) -> Iterator[list[launch.LocalJob]]:
-    """Jobs a test starts; whatever happens, none of their processes outlives the test."""
-    started: list[launch.LocalJob] = []
-    yield started
-    for job in started:
-        job.stop()
 
 
 def _run(
@@ -149,20 +139,8 @@ def test_embedding_loss_falls_and_untouched_rows_stay_unchanged(
     assert not np.array_equal(final[table][:id_range], initial[table][:id_range])
 
 
-def _metric(port: int, name: str) -> float | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-            text = reply.read().decode()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return None
-
-
 def test_a_worker_killed_in_sync_mode_does_not_hang_the_others(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[launch.LocalJob], tmp_path: Path, metric: Callable[[int, str], float | None]
 ) -> None:
     training = {
         **MLP,
@@ -175,7 +153,7 @@ def test_a_worker_killed_in_sync_mode_does_not_hang_the_others(
     jobs.append(job)
     port = job.metrics_ports["worker-0"]
     deadline = time.monotonic() + 120
-    while (_metric(port, "jaxps_global_step") or 0) < 50:
+    while (metric(port, "jaxps_global_step") or 0) < 50:
         assert time.monotonic() < deadline, job.logs()
         time.sleep(0.2)
     job.processes["worker-2"].send_signal(signal.SIGKILL)

@@ -1,0 +1,236 @@
+"""Fault tolerance, with real processes killed by SIGKILL and started again."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jaxps_runtime import checkpoint, launch, shardfile
+
+pytestmark = pytest.mark.process
+Metric = Callable[[int, str], float | None]
+EVERY = 50
+TRAINING: dict[str, Any] = {
+    "model": {"name": "mlp"},
+    "mode": "sync",
+    "steps": 500,
+    "batchSize": 32,
+    "optimizer": {"name": "adam", "kwargs": {"learning_rate": 0.01}},
+    "checkpoint": {"everySteps": EVERY, "keep": 3},
+    "heartbeatSeconds": 0.25,
+    "workerTimeoutSeconds": 5,
+    "logEverySeconds": 2,
+}
+
+
+def _training(tmp_path: Path, **changes: Any) -> dict[str, Any]:
+    return {
+        **TRAINING,
+        "checkpoint": {**TRAINING["checkpoint"], "dir": str(tmp_path / "ckpt")},
+        **changes,
+    }
+
+
+def _wait_for(
+    condition: Callable[[], bool], job: launch.LocalJob, *, timeout: float = 120, what: str
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{job.logs()}"
+        time.sleep(0.05)
+
+
+def _finish(job: launch.LocalJob, *, timeout: float = 300) -> dict[str, Any]:
+    codes = job.wait(timeout=timeout)
+    assert all(code == 0 for code in codes.values()), f"{codes}\n{job.logs()}"
+    return job.summary()
+
+
+def _step(job: launch.LocalJob, metric: Metric, task: str) -> float:
+    return metric(job.metrics_ports[task], "jaxps_global_step") or 0.0
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same job with nothing killed: what a disturbed run is compared with."""
+    tmp = tmp_path_factory.mktemp("undisturbed")
+    job = launch.LocalJob.start(training=_training(tmp), log_dir=tmp / "logs")
+    try:
+        return _finish(job)
+    finally:
+        job.stop()
+
+
+def _kill_and_restart(job: launch.LocalJob, task: str) -> None:
+    job.processes[task].send_signal(signal.SIGKILL)
+    assert job.processes[task].wait(timeout=30) == -signal.SIGKILL
+    job.start_task(task, metrics_port=job.metrics_ports[task])
+
+
+def test_a_killed_ps_is_restarted_and_every_shard_rolls_back_to_the_last_checkpoint(
+    jobs: list[launch.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
+) -> None:
+    job = launch.LocalJob.start(training=_training(tmp_path), log_dir=tmp_path / "logs")
+    jobs.append(job)
+    _wait_for(lambda: _step(job, metric, "worker-0") >= 170, job, what="step 170")
+    killed_at = _step(job, metric, "worker-0")
+    _kill_and_restart(job, "ps-0")
+    summary = _finish(job)
+    assert summary["step"] == TRAINING["steps"]
+    assert abs(summary["eval"]["accuracy"] - undisturbed["eval"]["accuracy"]) <= 0.01
+    [recovery] = summary["recoveries"]
+    assert "ps-0" in recovery["reason"]
+    lost = killed_at - recovery["toStep"]
+    assert 0 <= lost <= EVERY + 2, recovery  # at most one checkpoint interval (+ in flight)
+
+
+def test_a_killed_worker_comes_back_where_its_data_left_off(
+    jobs: list[launch.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
+) -> None:
+    job = launch.LocalJob.start(training=_training(tmp_path), log_dir=tmp_path / "logs")
+    jobs.append(job)
+    _wait_for(lambda: _step(job, metric, "worker-1") >= 150, job, what="step 150")
+    _kill_and_restart(job, "worker-1")
+    summary = _finish(job)
+    assert summary["step"] == TRAINING["steps"]
+    assert abs(summary["eval"]["accuracy"] - undisturbed["eval"]["accuracy"]) <= 0.01
+    log = (tmp_path / "logs" / "worker-0.log").read_text()
+    cursors = [
+        int(line.rsplit("cursor ", 1)[1].rstrip(")"))
+        for line in log.splitlines()
+        if "worker-1 registered" in line
+    ]
+    assert len(cursors) == 2
+    assert cursors[0] == 0
+    assert cursors[1] >= 100  # it resumed its shard of the data instead of starting it again
+
+
+def test_a_restarted_chief_adopts_the_live_state_and_the_step_never_goes_back(
+    jobs: list[launch.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
+) -> None:
+    job = launch.LocalJob.start(training=_training(tmp_path), log_dir=tmp_path / "logs", chief=True)
+    jobs.append(job)
+    _wait_for(lambda: _step(job, metric, "chief-0") >= 150, job, what="step 150")
+    killed_at = _step(job, metric, "chief-0")
+    _kill_and_restart(job, "chief-0")
+    summary = _finish(job)
+    assert summary["step"] == TRAINING["steps"]
+    assert summary["startedFrom"]["how"] == "adopted"
+    assert summary["startedFrom"]["step"] >= killed_at
+    assert summary["recoveries"] == []
+    assert abs(summary["eval"]["accuracy"] - undisturbed["eval"]["accuracy"]) <= 0.01
+
+
+def test_a_ps_killed_while_writing_a_checkpoint_leaves_it_uncommitted(
+    jobs: list[launch.LocalJob], tmp_path: Path
+) -> None:
+    root = tmp_path / "ckpt"
+    slow_saves = {"ps-0": {shardfile.FAILPOINT_SAVE_SLEEP: "3"}}
+    job = launch.LocalJob.start(
+        training=_training(tmp_path), log_dir=tmp_path / "logs", task_env=slow_saves
+    )
+    jobs.append(job)
+    _wait_for(lambda: len(checkpoint.committed(root)) >= 1, job, what="a first checkpoint")
+    first = checkpoint.committed(root)[0].step
+    _wait_for(
+        lambda: any(p.parent.name != f"step-{first:09d}" for p in root.glob("step-*/ps-0.npz.tmp")),
+        job,
+        what="ps-0 writing its second checkpoint",
+    )
+    [partial] = [
+        p for p in root.glob("step-*/ps-0.npz.tmp") if p.parent.name != f"step-{first:09d}"
+    ]
+    writing = int(partial.parent.name.removeprefix("step-"))
+    job.processes["ps-0"].send_signal(signal.SIGKILL)
+    job.processes["ps-0"].wait(timeout=30)
+    assert not checkpoint.manifest_path(root, writing).exists()
+    job.start_task("ps-0", metrics_port=job.metrics_ports["ps-0"])  # without the failpoint
+    summary = _finish(job)
+    [recovery] = summary["recoveries"]
+    assert recovery["toStep"] == first  # the previous committed checkpoint, not the broken one
+    assert summary["step"] == TRAINING["steps"]
+
+
+def test_a_corrupted_shard_file_is_named_and_the_previous_checkpoint_is_used(
+    jobs: list[launch.LocalJob], tmp_path: Path
+) -> None:
+    first = launch.LocalJob.start(
+        training=_training(tmp_path, steps=160), log_dir=tmp_path / "first"
+    )
+    jobs.append(first)
+    _finish(first)
+    manifests = checkpoint.committed(tmp_path / "ckpt")
+    assert manifests[0].step == 160
+    newest, previous = manifests[0], manifests[1]
+    damaged = Path(next(r.file for r in newest.shards if r.ps == 0))
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    second = launch.LocalJob.start(
+        training=_training(tmp_path, steps=220), log_dir=tmp_path / "second"
+    )
+    jobs.append(second)
+    summary = _finish(second)
+    assert summary["startedFrom"] == {"how": "restored", "step": previous.step}
+    assert summary["step"] == 220
+    log = (tmp_path / "second" / "worker-0.log").read_text()
+    assert f"checkpoint file {damaged} is corrupt" in log
+
+
+def test_a_checkpoint_of_another_placement_is_refused_with_a_clear_error(
+    jobs: list[launch.LocalJob], tmp_path: Path
+) -> None:
+    first = launch.LocalJob.start(
+        training=_training(tmp_path, steps=60), log_dir=tmp_path / "first"
+    )
+    jobs.append(first)
+    _finish(first)
+    second = launch.LocalJob.start(
+        training=_training(tmp_path, steps=80), log_dir=tmp_path / "second", ps=1
+    )
+    jobs.append(second)
+    codes = second.wait(timeout=120)
+    assert codes["worker-0"] == 1, second.logs()
+    assert (
+        "placement.numPs is 2, the job has 1" in (tmp_path / "second" / "worker-0.log").read_text()
+    )
+
+
+def test_tasks_started_in_reverse_order_still_train(
+    jobs: list[launch.LocalJob], tmp_path: Path
+) -> None:
+    training = {**_training(tmp_path, steps=200), "checkpoint": {}}
+    job = launch.LocalJob.start(
+        training=training, log_dir=tmp_path / "logs", order=["worker-1", "worker-0"]
+    )
+    jobs.append(job)
+    chief_log = tmp_path / "logs" / "worker-0.log"
+    _wait_for(
+        lambda: chief_log.exists() and "waiting for 2 ps" in chief_log.read_text(),
+        job,
+        what="the chief waiting for the ps",
+    )
+    for name in ("ps-1", "ps-0"):
+        job.start_task(name, metrics_port=job.metrics_ports[name])
+    summary = _finish(job)
+    assert summary["step"] == 200
+    assert summary["eval"]["accuracy"] >= 0.9
+
+
+def test_a_ps_that_never_comes_is_reported_by_name_when_the_startup_timeout_ends(
+    jobs: list[launch.LocalJob], tmp_path: Path
+) -> None:
+    training = {**_training(tmp_path, steps=10), "startupTimeoutSeconds": 3, "checkpoint": {}}
+    job = launch.LocalJob.start(
+        training=training, log_dir=tmp_path / "logs", workers=1, order=["ps-0", "worker-0"]
+    )
+    jobs.append(job)
+    codes = {name: job.processes[name].wait(timeout=120) for name in ("worker-0",)}
+    assert codes == {"worker-0": 1}
+    log = (tmp_path / "logs" / "worker-0.log").read_text()
+    assert f"no answer from ps-1 at {job.spec['ps'][1]}" in log
