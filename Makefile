@@ -58,6 +58,7 @@ verify: lint ## Lint, types, import contracts and the generated-stubs drift chec
 bench: install ## Run the benchmarks (JSON lines on stdout)
 	$(PY) bench/transport.py
 	$(PY) bench/training.py
+	$(PY) bench/recovery.py
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -14,9 +14,14 @@ def emit(
     unit: str,
     baseline: str | None = None,
     baseline_value: float | None = None,
+    lower_is_better: bool = False,
 ) -> None:
-    """Prints the measurement; `ratio` = value / baseline_value (oriented by the caller)."""
-    ratio = value / baseline_value if baseline_value else None
+    """Prints the measurement; `ratio` is above 1 when jaxps does better than the baseline:
+    value / baseline for throughputs, baseline / value for times (`lower_is_better`)."""
+    if not baseline_value or not value:
+        ratio = None
+    else:
+        ratio = baseline_value / value if lower_is_better else value / baseline_value
     print(
         json.dumps(
             {

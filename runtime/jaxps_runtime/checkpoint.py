@@ -155,6 +155,12 @@ def save(
 ) -> Manifest:
     """Every ps saves its part at `step`; then the manifest commits the checkpoint."""
     replies = client.save(step=step, directory=str(step_dir(root, step)), timeout=timeout)
+    epochs = {r.id.cluster_epoch for r in replies}
+    if epochs != {epoch}:
+        raise CheckpointError(
+            f"checkpoint of step {step}: the ps answered at epochs "
+            f"{sorted(epochs)}, not {epoch} (a rollback happened meanwhile)"
+        )
     manifest = Manifest(
         step=step,
         epoch=epoch,

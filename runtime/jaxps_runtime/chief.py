@@ -65,16 +65,22 @@ class Checkpointer:
         self.last_time = time.monotonic()
         self._thread: threading.Thread | None = None
 
-    def due(self, step: int) -> bool:
+    def target(self, step: int) -> int | None:
+        """The step of the next checkpoint, or None if none is due.
+
+        With `everySteps` a Save is always pending at the next multiple of it: each ps takes
+        its snapshot exactly there, so a crash loses at most one interval. With only
+        `everySeconds`, the next step once the time has passed.
+        """
         if self.root is None or (self._thread is not None and self._thread.is_alive()):
-            return False
-        if step + 1 >= self.task.training.steps:
-            return False  # the final checkpoint covers it
-        since = step - (self.last_step or 0)
-        return bool(
-            (self.every_steps and since >= self.every_steps)
-            or (self.every_seconds and time.monotonic() - self.last_time >= self.every_seconds)
-        )
+            return None
+        if self.every_steps:
+            target = (step // self.every_steps + 1) * self.every_steps
+        elif self.every_seconds and time.monotonic() - self.last_time >= self.every_seconds:
+            target = step + 1
+        else:
+            return None
+        return target if target < self.task.training.steps else None  # the final one covers it
 
     def start(
         self, *, step: int, epoch: int, incarnations: list[int], cursors: dict[str, int]
@@ -86,7 +92,7 @@ class Checkpointer:
             client.epoch, client.incarnations = epoch, list(incarnations)
             try:
                 self.save(client, step=step, epoch=epoch, cursors=cursors)
-            except (PsClientError, OSError) as err:
+            except (PsClientError, OSError, checkpoint.CheckpointError) as err:
                 log.warning("checkpoint of step %d not committed: %s", step, err)
             finally:
                 client.close()
@@ -238,7 +244,8 @@ class Chief:
         """Rolls every ps back to the last committed checkpoint, at a new epoch."""
         started, before = time.monotonic(), self.membership.step
         log.warning("%s: rolling every ps back to the last committed checkpoint", problem)
-        self.checkpointer.wait()
+        # No waiting for a checkpoint in flight: the Init below aborts its pending Saves, and
+        # `checkpoint.save` never commits one whose replies are not all from its epoch.
         client.wait_reachable(timeout=self.training.startupTimeoutSeconds)
         live = self.membership.live_workers(
             now=time.monotonic(), timeout=self.training.workerTimeoutSeconds
@@ -296,9 +303,10 @@ class Chief:
             )
             if step >= training.steps:
                 return 0
-            if self.checkpointer.due(step):
+            target = self.checkpointer.target(step)
+            if target is not None:
                 self.checkpointer.start(
-                    step=step + 1,
+                    step=target,
                     epoch=client.epoch,
                     incarnations=client.incarnations,
                     cursors=self.membership.cursors(),

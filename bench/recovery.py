@@ -1,0 +1,132 @@
+"""Recovery: from SIGKILL of a ps (started again at once) to the global step advancing again.
+
+Prints one JSON object per measurement (DEVELOPERS.md format). A sync `mlp` job (2 ps +
+2 workers, a checkpoint every 50 steps) has ps-0 killed several times; each time the script
+starts it again at once and watches worker-1's `jaxps_global_step` (updated every pull) for
+the rollback to the checkpoint and the first step after it. Baseline, measured in the same
+run: a cold start of the whole job until its first step, which is what recovery costs when
+every task restarts from the checkpoint (TensorFlow's way). `ratio` = baseline / jaxps (above
+1: jaxps recovers faster). Target: under 5 s.
+
+    python bench/recovery.py [--kills 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
+
+import results
+
+from jaxps_runtime import launch
+
+EVERY = 50
+TRAINING = {
+    "model": {"name": "mlp"},
+    "mode": "sync",
+    "steps": 100_000,
+    "batchSize": 32,
+    "optimizer": {"name": "adam", "kwargs": {"learning_rate": 0.01}},
+    "checkpoint": {"everySteps": EVERY, "keep": 2},
+    "heartbeatSeconds": 0.25,
+    "workerTimeoutSeconds": 5,
+    "logEverySeconds": 5,
+}
+
+
+def global_step(job: launch.LocalJob, task: str = "worker-1") -> int | None:
+    try:
+        port = job.metrics_ports[task]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as reply:
+            for line in reply.read().decode().splitlines():
+                if line.startswith("jaxps_global_step{"):
+                    return int(float(line.rsplit(" ", 1)[1]))
+    except OSError:
+        pass
+    return None
+
+
+def wait_step(job: launch.LocalJob, at_least: int, timeout: float = 300) -> float:
+    deadline = time.monotonic() + timeout
+    while (global_step(job) or 0) < at_least:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"step {at_least} not reached\n{job.logs()}")
+        time.sleep(0.01)
+    return time.monotonic()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="jaxps-recovery-") as tmp:
+        training = {**TRAINING, "checkpoint": {**TRAINING["checkpoint"], "dir": f"{tmp}/ckpt"}}
+        started = time.monotonic()
+        job = launch.LocalJob.start(training=training, log_dir=Path(tmp) / "logs")
+        try:
+            cold = wait_step(job, 1) - started
+            seconds, lost = [], []
+            for k in range(args.kills):
+                wait_step(job, (k + 1) * 4 * EVERY + EVERY // 2)
+                killed_at = global_step(job) or 0
+                killed = time.monotonic()
+                job.processes["ps-0"].send_signal(signal.SIGKILL)
+                job.processes["ps-0"].wait()
+                job.start_task("ps-0", metrics_port=job.metrics_ports["ps-0"])
+                lowest = killed_at
+                while True:  # the rollback shows as a lower step, then the step moves on
+                    step = global_step(job)
+                    if step is not None and step < lowest:
+                        lowest = step
+                    elif step is not None and lowest < killed_at and step > lowest:
+                        break
+                    if time.monotonic() - killed > 120:
+                        raise TimeoutError(f"no recovery after 120 s\n{job.logs()}")
+                    time.sleep(0.01)
+                seconds.append(time.monotonic() - killed)
+                lost.append(killed_at - lowest)
+        finally:
+            job.stop()
+    results.emit(
+        "recovery",
+        "mlp-2ps-2w-sync-kill-ps0",
+        metric="seconds_to_next_step",
+        value=statistics.median(seconds),
+        unit="s",
+        baseline="cold-restart-of-the-job",
+        baseline_value=cold,
+        lower_is_better=True,
+    )
+    for i, (s, n) in enumerate(zip(seconds, lost, strict=True)):
+        results.emit(
+            "recovery",
+            f"mlp-2ps-2w-sync-kill-ps0-{i}",
+            metric="seconds_to_next_step",
+            value=s,
+            unit="s",
+            baseline="cold-restart-of-the-job",
+            baseline_value=cold,
+            lower_is_better=True,
+        )
+        results.emit(
+            "recovery",
+            f"mlp-2ps-2w-sync-kill-ps0-{i}",
+            metric="steps_lost",
+            value=n,
+            unit="steps",
+            baseline="checkpoint-interval",
+            baseline_value=EVERY,
+            lower_is_better=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
