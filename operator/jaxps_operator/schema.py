@@ -1,0 +1,248 @@
+"""Validating a TrainingJob against the CRD's schema, as a kube-apiserver would, offline.
+
+The CRD (`crds/trainingjob.yaml`, packaged as `crd/trainingjob.yaml`) is the only source of
+the rules. `validate` applies its defaults (structural defaulting, as the apiserver does before
+validating), then checks types, enums, bounds, patterns, required and unknown fields, and
+finally evaluates every `x-kubernetes-validations` CEL rule with cel-python. Every problem is
+reported, each with the field path, the value and what is allowed, in the apiserver's words
+(`spec.replicaSpecs.worker.replicas: Invalid value: 0: ...`).
+
+Pure functions; thread-safe.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import celpy
+import yaml
+
+GROUP, VERSION, KIND, PLURAL = "jaxps.dev", "v1alpha1", "TrainingJob", "trainingjobs"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a manifest."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class InvalidManifestError(ValueError):
+    """A manifest the apiserver would refuse; `problems` lists every reason."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("\n".join(str(p) for p in problems))
+        self.problems = problems
+
+
+@functools.cache
+def crd() -> dict[str, Any]:
+    text = resources.files("jaxps_operator").joinpath("crd/trainingjob.yaml").read_text()
+    loaded: dict[str, Any] = yaml.safe_load(text)
+    return loaded
+
+
+def openapi_schema() -> dict[str, Any]:
+    schema: dict[str, Any] = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return '"object"'
+    if isinstance(value, list):
+        return '"array"'
+    return json.dumps(value)
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "boolean": (bool,),
+    "integer": (int,),
+    "number": (int, float),
+}
+
+
+def _default(node: Any, schema: Mapping[str, Any]) -> Any:
+    """Fills absent properties that have defaults, recursively (structural defaulting)."""
+    if isinstance(node, dict) and schema.get("type") == "object":
+        for key, sub in schema.get("properties", {}).items():
+            if key not in node and "default" in sub:
+                node[key] = copy.deepcopy(sub["default"])
+            if key in node:
+                node[key] = _default(node[key], sub)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, Mapping):
+            for key in node:
+                node[key] = _default(node[key], extra)
+    elif isinstance(node, list) and "items" in schema:
+        return [_default(item, schema["items"]) for item in node]
+    return node
+
+
+def _check(node: Any, schema: Mapping[str, Any], path: str, out: list[Problem]) -> None:
+    kind = schema.get("type")
+    if kind:
+        ok = isinstance(node, _TYPES[kind]) and not (
+            kind in ("integer", "number") and isinstance(node, bool)
+        )
+        if not ok:
+            out.append(
+                Problem(
+                    path, f"Invalid value: {_show(node)}: {path} in body must be of type {kind}"
+                )
+            )
+            return
+    if "enum" in schema and node not in schema["enum"]:
+        allowed = ", ".join(json.dumps(v) for v in schema["enum"])
+        out.append(Problem(path, f"Unsupported value: {_show(node)}: supported values: {allowed}"))
+    if isinstance(node, int | float) and not isinstance(node, bool):
+        if "minimum" in schema and node < schema["minimum"]:
+            out.append(
+                Problem(
+                    path,
+                    f"Invalid value: {_show(node)}: {path} in body should be "
+                    f"greater than or equal to {schema['minimum']}",
+                )
+            )
+        if "maximum" in schema and node > schema["maximum"]:
+            out.append(
+                Problem(
+                    path,
+                    f"Invalid value: {_show(node)}: {path} in body should be "
+                    f"less than or equal to {schema['maximum']}",
+                )
+            )
+    if isinstance(node, str):
+        if "minLength" in schema and len(node) < schema["minLength"]:
+            out.append(
+                Problem(
+                    path,
+                    f"Invalid value: {_show(node)}: {path} in body should be "
+                    f"at least {schema['minLength']} chars long",
+                )
+            )
+        if "pattern" in schema and not re.search(schema["pattern"], node):
+            out.append(
+                Problem(
+                    path,
+                    f"Invalid value: {_show(node)}: {path} in body should "
+                    f"match '{schema['pattern']}'",
+                )
+            )
+    if isinstance(node, dict):
+        for key in schema.get("required", []):
+            if key not in node:
+                out.append(Problem(f"{path}.{key}".lstrip("."), "Required value"))
+        properties = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        for key, value in node.items():
+            where = f"{path}.{key}".lstrip(".")
+            if key in properties:
+                _check(value, properties[key], where, out)
+            elif isinstance(extra, Mapping):
+                _check(value, extra, where, out)
+            elif (
+                not schema.get("x-kubernetes-preserve-unknown-fields")
+                and (properties or extra is False)
+                and path != "metadata"
+            ):
+                allowed = ", ".join(sorted(properties))
+                out.append(Problem(where, f"Unknown field: allowed fields here are {allowed}"))
+    if isinstance(node, list) and "items" in schema:
+        for i, item in enumerate(node):
+            _check(item, schema["items"], f"{path}[{i}]", out)
+
+
+@functools.cache
+def _program(rule: str) -> Any:
+    env = celpy.Environment()
+    return env.program(env.compile(rule))
+
+
+def _rules(node: Any, schema: Mapping[str, Any], path: str, out: list[Problem]) -> None:
+    """Evaluates the CEL rules, children first; a node that failed its type is skipped."""
+    if isinstance(node, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key in node:
+                _rules(node[key], sub, f"{path}.{key}".lstrip("."), out)
+    for rule in schema.get("x-kubernetes-validations", []):
+        try:
+            ok = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(node)})  # type: ignore[attr-defined]
+        except Exception as err:  # a rule that cannot be evaluated counts as failed
+            ok = False
+            message = (
+                f"{rule.get('message', rule['rule'])} (the rule could not be evaluated: {err})"
+            )
+        else:
+            message = rule.get("message", f"failed rule: {rule['rule']}")
+        if not ok:
+            out.append(Problem(path, f"Invalid value: {_show(node)}: {message}"))
+
+
+def validate(manifest: Any) -> dict[str, Any]:
+    """The manifest with the CRD's defaults applied; `InvalidManifestError` lists every problem."""
+    if not isinstance(manifest, Mapping):
+        raise InvalidManifestError(
+            [Problem("", f"expected a {KIND} object, got {_show(manifest)}")]
+        )
+    problems: list[Problem] = []
+    if manifest.get("apiVersion") != API_VERSION:
+        problems.append(
+            Problem(
+                "apiVersion",
+                f"Unsupported value: {_show(manifest.get('apiVersion'))}"
+                f': supported values: "{API_VERSION}"',
+            )
+        )
+    if manifest.get("kind") != KIND:
+        problems.append(
+            Problem(
+                "kind",
+                f'Unsupported value: {_show(manifest.get("kind"))}: supported values: "{KIND}"',
+            )
+        )
+    metadata = manifest.get("metadata")
+    if (
+        not isinstance(metadata, Mapping)
+        or not isinstance(metadata.get("name"), str)
+        or not metadata.get("name")
+    ):
+        problems.append(Problem("metadata.name", "Required value: name is required"))
+    if problems:
+        raise InvalidManifestError(problems)
+    schema = openapi_schema()
+    job: dict[str, Any] = _default(copy.deepcopy(dict(manifest)), schema)
+    _check(job, schema, "", problems)
+    if not problems:  # CEL rules assume well-typed input, as the apiserver's do
+        _rules(job, schema, "", problems)
+    if problems:
+        raise InvalidManifestError(problems)
+    return job
+
+
+def load(text: str) -> dict[str, Any]:
+    """Parses one YAML or JSON manifest and validates it."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as err:
+        raise InvalidManifestError([Problem("", f"not YAML: {err}")]) from err
+    if len(docs) != 1:
+        raise InvalidManifestError(
+            [Problem("", f"expected one {KIND} document, found {len(docs)}")]
+        )
+    return validate(docs[0])
