@@ -25,8 +25,8 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Install jaxps and its tools into .venv (Python packages; apt-get only if venv is missing)
 
-run: install ## Train mlp on digits with 2 ps + 2 workers on this machine (until `jaxps local` lands)
-	$(PY) -m jaxps_runtime.demo
+run: install ## Run examples/mnist.yaml on this machine (jaxps local): 2 ps + 2 workers, sync
+	$(VENV)/bin/jaxps local examples/mnist.yaml
 
 test: install ## Run every test tier (unit, process)
 	$(PY) -m pytest -q tests
@@ -51,6 +51,8 @@ protos: install ## Regenerate the Python stubs from protos/
 verify: lint ## Lint, types, import contracts and the generated-stubs drift check
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	@diff -u crds/trainingjob.yaml operator/jaxps_operator/crd/trainingjob.yaml && \
+	  echo "packaged CRD matches crds/" || { echo "operator/jaxps_operator/crd/ drifted from crds/: copy it"; exit 1; }
 	@tmp=$$(mktemp -d) && PYTHON=$(CURDIR)/$(PY) hack/gen-protos.sh $$tmp && \
 	  diff -r -x __pycache__ $$tmp/jaxps runtime/jaxps && rm -rf $$tmp && \
 	  echo "generated stubs match protos/" || { echo "stubs drifted: run 'make protos' and commit"; exit 1; }

@@ -1,0 +1,191 @@
+"""The `jaxps` command: validate a TrainingJob, or run it on this machine.
+
+jaxps validate FILE...                 exit 0 if every manifest is valid, 2 otherwise
+jaxps local FILE [--workdir DIR] [--json] [--kill TASK@step=N ...]
+                                       exit 0 Succeeded, 1 Failed, 2 invalid manifest
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from jaxps_operator import local, planner, schema
+
+EXIT_SUCCEEDED, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _load(path: Path, console: Console) -> dict[str, Any] | None:
+    try:
+        text = path.read_text()
+    except OSError as err:
+        console.print(f"[red]{path}: cannot read it: {err.strerror}[/red]")
+        return None
+    try:
+        return schema.load(text)
+    except schema.InvalidManifestError as err:
+        console.print(
+            f"[red]{path}: invalid TrainingJob ({len(err.problems)} "
+            f"problem{'s' if len(err.problems) > 1 else ''}):[/red]",
+            highlight=False,
+        )
+        for problem in err.problems:
+            console.print(f"  {problem}", highlight=False, markup=False)
+        return None
+
+
+def validate(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    ok = True
+    for path in args.files:
+        job = _load(path, console)
+        if job is None:
+            ok = False
+        else:
+            print(f"{path}: valid TrainingJob {job['metadata']['name']}")
+    return EXIT_SUCCEEDED if ok else EXIT_INVALID
+
+
+def _table(job: dict[str, Any], runner: local.LocalJob, started: float) -> Table:
+    status = job.get("status") or {}
+    progress = status.get("progress") or {}
+    steps = job["spec"]["training"]["steps"]
+    loss = progress.get("loss", float("nan"))
+    rate = progress.get("stepsPerSecond", 0.0)
+    table = Table(
+        title=(
+            f"TrainingJob {job['metadata']['name']}  [bold]{status.get('state', '?')}[/bold]  "
+            f"step {progress.get('step', 0)}/{steps}  loss {loss:.4f}  {rate:.1f} steps/s  "
+            f"restarts {status.get('restarts', 0)}  {time.monotonic() - started:.0f} s"
+        ),
+        title_justify="left",
+    )
+    for column in ("task", "state", "restarts", "log"):
+        table.add_column(column)
+    restarts = status.get("replicaStatuses") or {}
+    for role, count in planner.replicas(job).items():
+        for index in range(count):
+            name = planner.pod_name(job, role, index)
+            proc = runner.processes.get(name)
+            if proc is None:
+                state = "starting"
+            elif proc.deleting_since is not None:
+                state = "stopping"
+            elif proc.exit_code is None:
+                state = "running"
+            else:
+                state = f"exited {proc.exit_code}"
+            table.add_row(
+                name,
+                state,
+                str(restarts.get(role, {}).get("restarts", 0)),
+                str(runner.workdir / f"{name}.log"),
+            )
+    return table
+
+
+def run_local(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    job = _load(args.file, console)
+    if job is None:
+        return EXIT_INVALID
+    tasks = [
+        planner.pod_name(job, r, i) for r, n in planner.replicas(job).items() for i in range(n)
+    ]
+    try:
+        kills = [local.Kill.parse(k, job=job) for k in args.kill]
+    except local.KillSpecError as err:
+        console.print(f"[red]{err}[/red]")
+        return EXIT_INVALID
+    workdir = (
+        args.workdir
+        or Path(".work") / f"{job['metadata']['name']}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    console.print(
+        f"running TrainingJob {job['metadata']['name']}: {', '.join(tasks)}; logs in {workdir}",
+        highlight=False,
+    )
+    started = time.monotonic()
+    live = (
+        Live(console=console, refresh_per_second=4, transient=False)
+        if console.is_terminal
+        else None
+    )
+    last_print = [0.0]
+
+    def tick(current: dict[str, Any], runner: local.LocalJob) -> None:
+        if live is not None:
+            live.update(_table(current, runner, started))
+        elif time.monotonic() - last_print[0] >= 5:
+            last_print[0] = time.monotonic()
+            progress = current["status"].get("progress") or {}
+            console.print(
+                f"{current['status']['state']}: step {progress.get('step', 0)}/"
+                f"{current['spec']['training']['steps']}  loss "
+                f"{progress.get('loss', float('nan')):.4f}",
+                highlight=False,
+            )
+
+    try:
+        if live is not None:
+            live.start()
+        status = local.run(job, workdir=Path(workdir), kills=kills, on_tick=tick)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: every task stopped[/yellow]")
+        return EXIT_INTERRUPTED
+    finally:
+        if live is not None:
+            live.stop()
+    state = status["state"]
+    final = next((c for c in status.get("conditions", []) if c["type"] == state), None)
+    console.print(
+        f"TrainingJob {job['metadata']['name']}: [bold]{state}[/bold]"
+        + (f" ({final['reason']}: {final['message']})" if final else ""),
+        highlight=False,
+    )
+    if args.json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+    else:
+        console.print_json(json.dumps(status.get("progress", {})))
+    return EXIT_SUCCEEDED if state == "Succeeded" else EXIT_FAILED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="jaxps",
+        description="TensorFlow-style parameter-server training with JAX, on Kubernetes or here.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("validate", help="check manifests against the TrainingJob CRD")
+    check.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    check.set_defaults(run=validate)
+    here = commands.add_parser("local", help="run a TrainingJob on this machine")
+    here.add_argument("file", type=Path, metavar="FILE")
+    here.add_argument(
+        "--workdir", type=Path, help="logs and checkpoints (default: .work/<name>-<time>)"
+    )
+    here.add_argument("--json", action="store_true", help="print the final status as JSON")
+    here.add_argument(
+        "--kill",
+        action="append",
+        default=[],
+        metavar="TASK@step=N",
+        help="SIGKILL a task when the chief reaches a step (shows recovery)",
+    )
+    here.set_defaults(run=run_local)
+    args = parser.parse_args(argv)
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
