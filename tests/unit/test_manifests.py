@@ -1,0 +1,217 @@
+"""The TrainingJob schema: every example is valid; a catalogue of invalid manifests is refused,
+each with a message naming its field, the value and what is allowed."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jaxps_operator import schema
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+GOOD: dict[str, Any] = {
+    "apiVersion": "jaxps.dev/v1alpha1",
+    "kind": "TrainingJob",
+    "metadata": {"name": "mnist"},
+    "spec": {
+        "replicaSpecs": {"ps": {"replicas": 2}, "worker": {"replicas": 2}},
+        "training": {"model": {"name": "mlp"}, "steps": 100},
+    },
+}
+
+
+def change(path: str, value: Any) -> dict[str, Any]:
+    """GOOD with the value at a dotted path replaced (or deleted, for the DELETE marker)."""
+    manifest = copy.deepcopy(GOOD)
+    *parents, last = path.split(".")
+    node = manifest
+    for key in parents:
+        node = node.setdefault(key, {})
+    if value is DELETE:
+        node.pop(last)
+    else:
+        node[last] = value
+    return manifest
+
+
+DELETE = object()
+LONG = "a" * 56  # + "-worker-0" = 65 characters
+CATALOGUE: list[tuple[str, dict[str, Any] | Any, str]] = [
+    ("wrong-api-version", change("apiVersion", "jaxps.dev/v1"), "apiVersion: Unsupported value"),
+    ("wrong-kind", change("kind", "TFJob"), 'kind: Unsupported value: "TFJob"'),
+    ("no-name", change("metadata", {}), "metadata.name: Required value"),
+    ("upper-case-name", change("metadata.name", "MNIST"), "DNS-1035 label"),
+    (
+        "name-too-long-for-pods",
+        change("metadata.name", LONG),
+        "<name>-worker-<index> must fit in 63",
+    ),
+    ("name-too-long-for-ps", change("metadata.name", "p" * 60), "<name>-ps-<index> must fit in 63"),
+    ("no-spec", change("spec", DELETE), "spec: Required value"),
+    ("no-replica-specs", change("spec.replicaSpecs", DELETE), "spec.replicaSpecs: Required value"),
+    ("no-training", change("spec.training", DELETE), "spec.training: Required value"),
+    (
+        "no-worker",
+        change("spec.replicaSpecs.worker", DELETE),
+        "spec.replicaSpecs.worker: Required value",
+    ),
+    ("zero-workers", change("spec.replicaSpecs.worker.replicas", 0), "at least one worker"),
+    ("two-chiefs", change("spec.replicaSpecs.chief", {"replicas": 2}), "at most one chief"),
+    (
+        "two-evaluators",
+        change("spec.replicaSpecs.evaluator", {"replicas": 2}),
+        "at most one evaluator",
+    ),
+    (
+        "unknown-role",
+        change("spec.replicaSpecs.master", {"replicas": 1}),
+        "spec.replicaSpecs.master: Unknown field",
+    ),
+    (
+        "negative-replicas",
+        change("spec.replicaSpecs.ps.replicas", -1),
+        "spec.replicaSpecs.ps.replicas: Invalid value: -1",
+    ),
+    (
+        "replicas-not-integer",
+        change("spec.replicaSpecs.ps.replicas", "2"),
+        'spec.replicaSpecs.ps.replicas: Invalid value: "2": spec.replicaSpecs.ps.replicas in body '
+        "must be of type integer",
+    ),
+    (
+        "bad-restart-policy",
+        change("spec.replicaSpecs.ps.restartPolicy", "Sometimes"),
+        'spec.replicaSpecs.ps.restartPolicy: Unsupported value: "Sometimes": supported values: '
+        '"Never", "OnFailure", "Always", "ExitCode"',
+    ),
+    ("bad-mode", change("spec.training.mode", "bulk"), "spec.training.mode: Unsupported value"),
+    (
+        "replicas-to-aggregate-in-async",
+        change("spec.training.replicasToAggregate", 1),
+        "replicasToAggregate is only allowed with mode: sync",
+    ),
+    (
+        "max-staleness-in-sync",
+        change("spec.training", {"mode": "sync", "maxStaleness": 2}),
+        "maxStaleness is only allowed with mode: boundedStaleness",
+    ),
+    (
+        "zero-steps",
+        change("spec.training.steps", 0),
+        "spec.training.steps: Invalid value: 0: spec.training.steps in body should be greater than "
+        "or equal to 1",
+    ),
+    ("zero-batch-size", change("spec.training.batchSize", 0), "spec.training.batchSize"),
+    ("negative-seed", change("spec.training.seed", -3), "spec.training.seed"),
+    (
+        "unknown-training-field",
+        change("spec.training.stepz", 5),
+        "spec.training.stepz: Unknown field",
+    ),
+    (
+        "bad-dataset",
+        change("spec.training.dataset", {"name": "imagenet"}),
+        'spec.training.dataset.name: Unsupported value: "imagenet"',
+    ),
+    (
+        "bad-module",
+        change("spec.training.model", {"module": "not a module"}),
+        "spec.training.model.module: Invalid value",
+    ),
+    (
+        "bad-placement-strategy",
+        change("spec.training.placement", {"strategy": "random"}),
+        "spec.training.placement.strategy: Unsupported value",
+    ),
+    (
+        "zero-min-shard-bytes",
+        change("spec.training.placement", {"minShardBytes": 0}),
+        "spec.training.placement.minShardBytes",
+    ),
+    (
+        "checkpoint-claim-without-dir",
+        change("spec.training.checkpoint", {"claimName": "pvc"}),
+        "claimName needs dir",
+    ),
+    (
+        "zero-checkpoint-keep",
+        change("spec.training.checkpoint", {"dir": "/c", "keep": 0}),
+        "spec.training.checkpoint.keep",
+    ),
+    (
+        "negative-backoff-limit",
+        change("spec.runPolicy", {"backoffLimit": -1}),
+        "spec.runPolicy.backoffLimit",
+    ),
+    (
+        "zero-deadline",
+        change("spec.runPolicy", {"activeDeadlineSeconds": 0}),
+        "spec.runPolicy.activeDeadlineSeconds",
+    ),
+    (
+        "bad-clean-pod-policy",
+        change("spec.runPolicy", {"cleanPodPolicy": "Some"}),
+        'spec.runPolicy.cleanPodPolicy: Unsupported value: "Some": supported values: "Running", '
+        '"All", "None"',
+    ),
+    (
+        "suspend-not-boolean",
+        change("spec.runPolicy", {"suspend": "yes"}),
+        'spec.runPolicy.suspend: Invalid value: "yes"',
+    ),
+    (
+        "bad-success-policy",
+        change("spec.successPolicy", "anyWorker"),
+        'spec.successPolicy: Unsupported value: "anyWorker"',
+    ),
+    ("not-an-object", ["a", "list"], "expected a TrainingJob object"),
+]
+
+
+@pytest.mark.parametrize(
+    ("manifest", "message"),
+    [(m, msg) for _, m, msg in CATALOGUE],
+    ids=[name for name, _, _ in CATALOGUE],
+)
+def test_invalid_manifests_are_refused_naming_the_field(manifest: Any, message: str) -> None:
+    with pytest.raises(schema.InvalidManifestError) as caught:
+        schema.validate(manifest)
+    assert message in str(caught.value)
+
+
+def test_the_catalogue_is_large() -> None:
+    assert len(CATALOGUE) >= 25
+
+
+def test_every_problem_is_reported_not_just_the_first() -> None:
+    manifest = change("spec.training", {"steps": 0, "batchSize": 0, "mode": "bulk"})
+    with pytest.raises(schema.InvalidManifestError) as caught:
+        schema.validate(manifest)
+    assert {p.path for p in caught.value.problems} == {
+        "spec.training.steps",
+        "spec.training.batchSize",
+        "spec.training.mode",
+    }
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_every_example_is_valid(path: Path) -> None:
+    job = schema.load(path.read_text())
+    assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"  # defaults applied
+
+
+def test_defaults_are_applied_as_the_apiserver_applies_them() -> None:
+    job = schema.validate(GOOD)
+    assert job["spec"]["replicaSpecs"]["ps"]["restartPolicy"] == "OnFailure"
+    assert job["spec"]["runPolicy"] == {
+        "backoffLimit": 6,
+        "cleanPodPolicy": "Running",
+        "suspend": False,
+    }
+    assert job["spec"]["successPolicy"] == "chief"
+    assert job["spec"]["training"]["mode"] == "async"
+    assert job["spec"]["training"]["batchSize"] == 32
+    assert job["spec"]["training"]["model"] == {"name": "mlp"}

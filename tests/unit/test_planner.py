@@ -1,0 +1,305 @@
+"""The planner, table by table: every policy path and every condition reason."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from jaxps_operator import planner, schema
+from jaxps_operator.planner import PodState
+from jaxps_runtime import cluster
+
+NOW = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
+
+
+def job(
+    *,
+    chief: int = 0,
+    ps: int = 1,
+    workers: int = 2,
+    evaluator: int = 0,
+    policy: str = "OnFailure",
+    run: dict[str, Any] | None = None,
+    success: str = "chief",
+    status: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    specs: dict[str, Any] = {"worker": {"replicas": workers, "restartPolicy": policy}}
+    if chief:
+        specs["chief"] = {"replicas": chief, "restartPolicy": policy}
+    if ps:
+        specs["ps"] = {"replicas": ps, "restartPolicy": policy}
+    if evaluator:
+        specs["evaluator"] = {"replicas": evaluator, "restartPolicy": policy}
+    manifest = {
+        "apiVersion": "jaxps.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "tj", "namespace": "ns", "uid": "u-1", "generation": 3},
+        "spec": {
+            "replicaSpecs": specs,
+            "training": {"steps": 10},
+            "runPolicy": run or {},
+            "successPolicy": success,
+        },
+    }
+    validated = schema.validate(manifest)
+    validated["status"] = copy.deepcopy(status or {})
+    return validated
+
+
+def pods(
+    j: dict[str, Any], phase: str = "Running", /, **overrides: tuple[str, int | None]
+) -> list[PodState]:
+    """Every pod of the job in `phase`; overrides: name=(phase, exit code)."""
+    out = []
+    for role, count in planner.replicas(j).items():
+        for index in range(count):
+            name = f"{role}{index}"
+            ph, code = overrides.get(name, (phase, None))
+            out.append(
+                PodState(
+                    name=planner.pod_name(j, role, index),
+                    role=role,
+                    index=index,
+                    phase=ph,
+                    ready=ph == "Running",
+                    exit_code=code,
+                )
+            )
+    return out
+
+
+def cond(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions", []) if c["type"] == type_), None)
+
+
+def step(
+    j: dict[str, Any], observed: list[PodState], now: datetime = NOW, **kw: Any
+) -> planner.Plan:
+    """Plans, and carries the status over as a backend would."""
+    result = planner.plan(j, observed, now, **kw)
+    j["status"] = result.status
+    return result
+
+
+def test_a_new_job_gets_its_service_and_every_pod() -> None:
+    j = job(chief=1, ps=2, workers=2, evaluator=1)
+    result = step(j, [], service_exists=False)
+    kinds = [c["kind"] for c in result.create]
+    assert kinds == ["Service"] + ["Pod"] * 6
+    svc = result.create[0]
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["metadata"]["name"] == "tj"
+    assert cond(result.status, "Created")["reason"] == "JobCreated"  # type: ignore[index]
+    assert result.status["state"] == "Created"
+    assert result.status["observedGeneration"] == 3
+    assert [e.reason for e in result.events] == ["JobCreated"]
+
+
+def test_pods_carry_names_labels_owner_port_and_tf_config_of_dns_names() -> None:
+    j = job(ps=2, workers=2)
+    created = {c["metadata"]["name"]: c for c in step(j, []).create if c["kind"] == "Pod"}
+    p = created["tj-ps-1"]
+    assert p["metadata"]["labels"] == {
+        planner.LABEL_JOB: "tj",
+        planner.LABEL_ROLE: "ps",
+        planner.LABEL_INDEX: "1",
+    }
+    assert p["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert (p["spec"]["hostname"], p["spec"]["subdomain"]) == ("tj-ps-1", "tj")
+    assert p["spec"]["restartPolicy"] == "Never"
+    main = p["spec"]["containers"][0]
+    assert {"name": "grpc", "containerPort": 2222} in main["ports"]
+    env = {e["name"]: e["value"] for e in main["env"]}
+    tf = cluster.parse_tf_config(env["TF_CONFIG"])
+    assert tf.task == cluster.TaskSpec("ps", 1)
+    assert tf.cluster.addresses("worker") == (
+        "tj-worker-0.tj.ns.svc:2222",
+        "tj-worker-1.tj.ns.svc:2222",
+    )
+    assert json.loads(env["JAXPS_TRAINING"])["steps"] == 10
+    assert (env["JAXPS_JOB_NAME"], env["JAXPS_JOB_UID"], env["JAXPS_METRICS_PORT"]) == (
+        "tj",
+        "u-1",
+        "9090",
+    )
+
+
+def test_running_and_pods_ready_follow_the_pods() -> None:
+    j = job()
+    step(j, [])
+    pending = [PodState(p.name, p.role, p.index, "Pending") for p in pods(j)]
+    result = step(j, pending)
+    assert cond(result.status, "Running") is None
+    assert result.status["replicaStatuses"]["worker"]["pending"] == 2
+    result = step(j, pods(j))
+    assert cond(result.status, "Running")["reason"] == "JobRunning"  # type: ignore[index]
+    assert cond(result.status, "PodsReady")["status"] == "True"  # type: ignore[index]
+    assert result.status["readyReplicas"] == "3/3"
+    assert result.status["state"] == "Running"
+    assert result.create == []
+
+
+@pytest.mark.parametrize(
+    ("policy", "code", "replaced"),
+    [
+        ("OnFailure", 1, True),
+        ("Always", 1, True),
+        ("ExitCode", 137, True),
+        ("ExitCode", 143, True),
+        ("ExitCode", 1, False),
+        ("Never", 137, False),
+        ("Never", 1, False),
+    ],
+    ids=[
+        "on-failure",
+        "always",
+        "exit-code-137",
+        "exit-code-143",
+        "exit-code-1",
+        "never-137",
+        "never-1",
+    ],
+)
+def test_a_failed_pod_is_replaced_or_fails_the_job_by_its_policy(
+    policy: str, code: int, replaced: bool
+) -> None:
+    j = job(policy=policy)
+    step(j, pods(j))
+    result = step(j, pods(j, worker1=("Failed", code)))
+    if replaced:
+        assert result.delete == ["tj-worker-1"]
+        assert result.status["restarts"] == 1
+        assert result.status["replicaStatuses"]["worker"]["restarts"] == 1
+        assert cond(result.status, "Restarting")["reason"] == "PodReplaced"  # type: ignore[index]
+        assert result.status["state"] == "Restarting"
+        assert "PodReplaced" in [e.reason for e in result.events]
+    else:
+        failed = cond(result.status, "Failed")
+        assert failed is not None
+        assert failed["reason"] == "ReplicaFailed"
+        assert f"worker 1 (pod tj-worker-1) failed with exit code {code}" in failed["message"]
+        assert f"restartPolicy is {policy}" in failed["message"]
+        assert result.status["state"] == "Failed"
+        assert sorted(result.delete) == ["tj-ps-0", "tj-worker-0"]  # no ps outlives its job
+
+
+def test_a_pod_is_never_recreated_while_its_predecessor_terminates() -> None:
+    j = job()
+    step(j, pods(j))
+    step(j, pods(j, worker1=("Failed", 1)))
+    terminating = [
+        p
+        if p.name != "tj-worker-1"
+        else PodState(p.name, p.role, p.index, "Failed", exit_code=1, deleting=True)
+        for p in pods(j)
+    ]
+    result = step(j, terminating)
+    assert result.create == []
+    assert result.status["restarts"] == 1  # not counted twice
+    gone = [p for p in pods(j) if p.name != "tj-worker-1"]
+    result = step(j, gone)
+    assert [c["metadata"]["name"] for c in result.create] == ["tj-worker-1"]
+    back = step(j, pods(j))
+    assert cond(back.status, "Restarting")["status"] == "False"  # type: ignore[index]
+    assert cond(back.status, "Restarting")["reason"] == "PodsReplaced"  # type: ignore[index]
+
+
+def test_the_backoff_limit_counts_every_replacement_in_status() -> None:
+    j = job(run={"backoffLimit": 1})
+    step(j, pods(j))
+    step(j, pods(j, worker1=("Failed", 1)))
+    step(j, [p for p in pods(j) if p.name != "tj-worker-1"])
+    result = step(j, pods(j, ps0=("Failed", 137)))
+    failed = cond(result.status, "Failed")
+    assert failed is not None
+    assert failed["reason"] == "BackoffLimitExceeded"
+    assert "2 pod replacements exceed runPolicy.backoffLimit (1)" in failed["message"]
+
+
+def test_the_active_deadline_is_a_real_timer() -> None:
+    j = job(run={"activeDeadlineSeconds": 60})
+    result = step(j, pods(j))
+    assert result.requeue_after == 60
+    later = step(j, pods(j), NOW + timedelta(seconds=45))
+    assert later.requeue_after == pytest.approx(15)
+    over = step(j, pods(j), NOW + timedelta(seconds=61))
+    failed = cond(over.status, "Failed")
+    assert failed is not None
+    assert failed["reason"] == "DeadlineExceeded"
+    assert sorted(over.delete) == ["tj-ps-0", "tj-worker-0", "tj-worker-1"]
+
+
+@pytest.mark.parametrize(
+    ("chief", "clean", "deleted"),
+    [
+        (1, "Running", ["tj-ps-0", "tj-worker-0", "tj-worker-1"]),
+        (0, "Running", ["tj-ps-0", "tj-worker-1"]),
+        (0, "None", []),
+        (0, "All", ["tj-ps-0", "tj-worker-0", "tj-worker-1"]),
+    ],
+    ids=["chief-decides", "worker-0-decides", "clean-none", "clean-all"],
+)
+def test_the_chief_or_worker_0_decides_success_and_clean_pod_policy_applies(
+    chief: int, clean: str, deleted: list[str]
+) -> None:
+    j = job(chief=chief, run={"cleanPodPolicy": clean})
+    step(j, pods(j))
+    decider = "chief0" if chief else "worker0"
+    result = step(j, pods(j, **{decider: ("Succeeded", 0)}))
+    succeeded = cond(result.status, "Succeeded")
+    assert succeeded is not None
+    assert succeeded["reason"] == "JobSucceeded"
+    assert cond(result.status, "Running")["status"] == "False"  # type: ignore[index]
+    assert sorted(result.delete) == deleted
+    assert result.status["completionTime"] == "2026-11-21T12:00:00Z"
+
+
+def test_all_workers_success_policy_waits_for_every_worker() -> None:
+    j = job(success="allWorkers")
+    step(j, pods(j))
+    one = step(j, pods(j, worker0=("Succeeded", 0)))
+    assert cond(one.status, "Succeeded") is None
+    both = step(j, pods(j, worker0=("Succeeded", 0), worker1=("Succeeded", 0)))
+    assert cond(both.status, "Succeeded") is not None
+    assert "every worker succeeded" in cond(both.status, "Succeeded")["message"]  # type: ignore[index]
+
+
+def test_ttl_after_finished_requeues_then_deletes_the_job() -> None:
+    j = job(run={"ttlSecondsAfterFinished": 30})
+    step(j, pods(j))
+    done = step(j, pods(j, worker0=("Succeeded", 0)))
+    assert done.requeue_after == 30
+    assert not done.delete_job
+    assert step(j, [], NOW + timedelta(seconds=31)).delete_job
+
+
+def test_suspend_deletes_the_pods_and_resume_creates_them_again() -> None:
+    j = job()
+    step(j, pods(j))
+    j["spec"]["runPolicy"]["suspend"] = True
+    suspended = step(j, pods(j))
+    assert sorted(suspended.delete) == ["tj-ps-0", "tj-worker-0", "tj-worker-1"]
+    assert cond(suspended.status, "Suspended")["reason"] == "JobSuspended"  # type: ignore[index]
+    assert suspended.status["state"] == "Suspended"
+    assert step(j, []).create == []
+    j["spec"]["runPolicy"]["suspend"] = False
+    resumed = step(j, [], NOW + timedelta(seconds=5))
+    assert len(resumed.create) == 3
+    assert cond(resumed.status, "Suspended")["status"] == "False"  # type: ignore[index]
+    assert cond(resumed.status, "Suspended")["reason"] == "JobResumed"  # type: ignore[index]
+    assert resumed.status["startTime"] == "2026-11-21T12:00:05Z"  # the deadline restarts
+
+
+def test_a_finished_job_creates_nothing_and_planning_again_changes_nothing() -> None:
+    j = job()
+    step(j, pods(j))
+    first = step(j, pods(j, worker0=("Succeeded", 0)))
+    again = planner.plan(j, [p for p in pods(j) if p.name == "tj-worker-0"], NOW)
+    assert again.create == []
+    assert again.status["conditions"] == first.status["conditions"]
+    assert again.status["state"] == "Succeeded"
