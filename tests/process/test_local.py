@@ -1,0 +1,136 @@
+"""`jaxps local`: the examples run as they are, recoveries are counted, failures end Failed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from jaxps_runtime import launch
+
+pytestmark = pytest.mark.process
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+def jaxps_local(
+    manifest: Path, tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any], str]:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxps_operator",
+            "local",
+            str(manifest),
+            "--json",
+            "--workdir",
+            str(tmp_path / "work"),
+            *extra,
+        ],
+        env=launch.runtime_env({"PYTHONPATH": str(ROOT / "operator"), **(env or {})}),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    status = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
+    logs = "\n".join(
+        f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted((tmp_path / "work").glob("*.log"))
+    )
+    return done.returncode, status, f"{done.stderr}\n{logs}"
+
+
+def alive_with_job_name(name: str) -> list[int]:
+    """Processes still running with JAXPS_JOB_NAME=name in their environment."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"JAXPS_JOB_NAME={name}".encode() in environ:
+            found.append(int(entry.name))
+    return found
+
+
+def test_the_mnist_example_succeeds_with_95_percent(tmp_path: Path) -> None:
+    code, status, logs = jaxps_local(EXAMPLES / "mnist.yaml", tmp_path)
+    assert code == 0, logs
+    assert status["state"] == "Succeeded"
+    assert status["progress"]["eval"]["accuracy"] >= 0.95
+    assert status["progress"]["step"] == 600
+    assert status["progress"]["lastCheckpointStep"] == 600
+    reasons = {c["type"]: c["reason"] for c in status["conditions"]}
+    assert reasons["Succeeded"] == "JobSucceeded"
+    assert not alive_with_job_name("mnist")
+
+
+def test_killing_ps_0_mid_training_still_succeeds_and_counts_the_restart(tmp_path: Path) -> None:
+    code, status, logs = jaxps_local(EXAMPLES / "mnist.yaml", tmp_path, "--kill", "ps-0@step=250")
+    assert code == 0, logs
+    assert status["state"] == "Succeeded"
+    assert status["restarts"] == 1
+    assert status["replicaStatuses"]["ps"]["restarts"] == 1
+    assert status["progress"]["eval"]["accuracy"] >= 0.95
+    assert "rolling every ps back" in logs
+
+
+def test_a_worker_that_exits_1_under_never_fails_the_job_and_nothing_stays(
+    tmp_path: Path,
+) -> None:
+    name = f"fails-{uuid.uuid4().hex[:6]}"
+    manifest = yaml.safe_load((EXAMPLES / "mnist.yaml").read_text())
+    manifest["metadata"]["name"] = name
+    manifest["spec"]["replicaSpecs"]["worker"]["restartPolicy"] = "Never"
+    manifest["spec"]["replicaSpecs"]["worker"]["template"] = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "jaxps",
+                    "command": ["python", "-c", "import time, sys; time.sleep(3); sys.exit(1)"],
+                }
+            ]
+        }
+    }
+    path = tmp_path / "fails.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    code, status, logs = jaxps_local(path, tmp_path)
+    assert code == 1, logs
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "ReplicaFailed"
+    assert "(pod " + name + "-worker-" in failed["message"]
+    assert "failed with exit code 1; its restartPolicy is Never" in failed["message"]
+    assert failed["message"].startswith("worker ")
+    assert status["state"] == "Failed"
+    assert not alive_with_job_name(name)
+
+
+@pytest.mark.parametrize("example", ["async.yaml", "embedding.yaml", "user-model.yaml"])
+def test_every_other_example_runs_as_it_is(tmp_path: Path, example: str) -> None:
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(EXAMPLES / "user_model")])}
+    code, status, logs = jaxps_local(EXAMPLES / example, tmp_path, env=env)
+    assert code == 0, logs
+    assert status["state"] == "Succeeded"
+    assert status["progress"]["eval"]
+
+
+def test_an_invalid_manifest_exits_2_naming_the_field(tmp_path: Path) -> None:
+    manifest = yaml.safe_load((EXAMPLES / "mnist.yaml").read_text())
+    manifest["spec"]["replicaSpecs"]["chief"] = {"replicas": 2}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    code, status, logs = jaxps_local(path, tmp_path)
+    assert code == 2
+    assert status == {}
+    assert "spec.replicaSpecs: Invalid value" in logs
+    assert "at most one chief" in logs
