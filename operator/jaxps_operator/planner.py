@@ -259,6 +259,23 @@ def _condition(
         )
 
 
+def _marker(status: dict[str, Any], *, now: datetime, generation: int) -> Any:
+    """`mark(type, value, reason, message)`: `_condition` bound to one status and pass."""
+
+    def mark(type_: str, value: bool, reason: str, message: str) -> None:
+        _condition(
+            status,
+            type_=type_,
+            value=value,
+            reason=reason,
+            message=message,
+            now=now,
+            generation=generation,
+        )
+
+    return mark
+
+
 def _is_true(status: Mapping[str, Any], type_: str) -> bool:
     return any(c["type"] == type_ and c["status"] == "True" for c in status.get("conditions", []))
 
@@ -281,26 +298,11 @@ def _finish(
     now: datetime,
     generation: int,
 ) -> None:
-    _condition(
-        status,
-        type_="Succeeded" if succeeded else "Failed",
-        value=True,
-        reason=reason,
-        message=message,
-        now=now,
-        generation=generation,
-    )
+    mark = _marker(status, now=now, generation=generation)
+    mark("Succeeded" if succeeded else "Failed", True, reason, message)
     for other in ("Running", "Restarting", "PodsReady"):
         if _is_true(status, other):
-            _condition(
-                status,
-                type_=other,
-                value=False,
-                reason=reason,
-                message=message,
-                now=now,
-                generation=generation,
-            )
+            mark(other, False, reason, message)
     status["completionTime"] = _stamp(now)
     plan.events.append(Event("Normal" if succeeded else "Warning", reason, message))
 
@@ -317,6 +319,7 @@ def plan(
     generation = int(job["metadata"].get("generation", 1))
     status: dict[str, Any] = copy.deepcopy(dict(job.get("status") or {}))
     status["observedGeneration"] = generation
+    mark = _marker(status, now=now, generation=generation)
     wanted = replicas(job)
     name = job["metadata"]["name"]
     pods = {(p.role, p.index): p for p in observed}
@@ -345,15 +348,7 @@ def plan(
     status.setdefault("restarts", 0)
 
     if not status.get("conditions"):
-        _condition(
-            status,
-            type_="Created",
-            value=True,
-            reason="JobCreated",
-            message=f"TrainingJob {name} created: {total} pods",
-            now=now,
-            generation=generation,
-        )
+        mark("Created", True, "JobCreated", f"TrainingJob {name} created: {total} pods")
         out.events.append(Event("Normal", "JobCreated", f"created TrainingJob {name}"))
 
     finished = _is_true(status, "Succeeded") or _is_true(status, "Failed")
@@ -388,44 +383,26 @@ def _run(
     generation: int,
     service_exists: bool,
 ) -> None:
+    mark = _marker(status, now=now, generation=generation)
     spec, run = job["spec"], job["spec"]["runPolicy"]
     name = job["metadata"]["name"]
 
     if run["suspend"]:
         if not _is_true(status, "Suspended"):
-            _condition(
-                status,
-                type_="Suspended",
-                value=True,
-                reason="JobSuspended",
-                message="runPolicy.suspend is true: pods deleted, none created",
-                now=now,
-                generation=generation,
+            mark(
+                "Suspended",
+                True,
+                "JobSuspended",
+                "runPolicy.suspend is true: pods deleted, none created",
             )
             out.events.append(Event("Normal", "JobSuspended", f"suspended {name}"))
         for key in ("Running", "PodsReady"):
             if _is_true(status, key):
-                _condition(
-                    status,
-                    type_=key,
-                    value=False,
-                    reason="JobSuspended",
-                    message="suspended",
-                    now=now,
-                    generation=generation,
-                )
+                mark(key, False, "JobSuspended", "suspended")
         out.delete += [p.name for p in pods.values() if not p.deleting]
         return
     if _is_true(status, "Suspended"):
-        _condition(
-            status,
-            type_="Suspended",
-            value=False,
-            reason="JobResumed",
-            message="runPolicy.suspend is false: pods created again",
-            now=now,
-            generation=generation,
-        )
+        mark("Suspended", False, "JobResumed", "runPolicy.suspend is false: pods created again")
         status.pop("startTime", None)  # the deadline counts from the resume
         out.events.append(Event("Normal", "JobResumed", f"resumed {name}"))
 
@@ -522,25 +499,9 @@ def _run(
         )
         return
     if restarting:
-        _condition(
-            status,
-            type_="Restarting",
-            value=True,
-            reason="PodReplaced",
-            message=f"replacing {', '.join(restarting)}",
-            now=now,
-            generation=generation,
-        )
+        mark("Restarting", True, "PodReplaced", f"replacing {', '.join(restarting)}")
     elif _is_true(status, "Restarting"):
-        _condition(
-            status,
-            type_="Restarting",
-            value=False,
-            reason="PodsReplaced",
-            message="every replaced pod is back",
-            now=now,
-            generation=generation,
-        )
+        mark("Restarting", False, "PodsReplaced", "every replaced pod is back")
     role, index = chief_task(job)
     chief = pods.get((role, index))
     if (
@@ -549,38 +510,14 @@ def _run(
         and not chief.deleting
         and not _is_true(status, "Running")
     ):
-        _condition(
-            status,
-            type_="Running",
-            value=True,
-            reason="JobRunning",
-            message=f"{role} {index} is running",
-            now=now,
-            generation=generation,
-        )
+        mark("Running", True, "JobRunning", f"{role} {index} is running")
         out.events.append(Event("Normal", "JobRunning", f"{name} is running"))
     everyone = sum(wanted.values())
     ready = sum(1 for p in pods.values() if p.phase == "Running" and p.ready and not p.deleting)
     if ready == everyone and not _is_true(status, "PodsReady"):
-        _condition(
-            status,
-            type_="PodsReady",
-            value=True,
-            reason="PodsReady",
-            message=f"all {everyone} pods are running and ready",
-            now=now,
-            generation=generation,
-        )
+        mark("PodsReady", True, "PodsReady", f"all {everyone} pods are running and ready")
     elif ready < everyone and _is_true(status, "PodsReady"):
-        _condition(
-            status,
-            type_="PodsReady",
-            value=False,
-            reason="PodsNotReady",
-            message=f"{ready} of {everyone} pods ready",
-            now=now,
-            generation=generation,
-        )
+        mark("PodsReady", False, "PodsNotReady", f"{ready} of {everyone} pods ready")
 
 
 def _succeeded(job: Mapping[str, Any], pods: Mapping[tuple[str, int], PodState]) -> bool:
