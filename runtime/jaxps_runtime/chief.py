@@ -168,8 +168,11 @@ class Chief:
         try:
             self._initialise(client)
             if self.trains:
+                # A daemon: if the chief fails, the process exits instead of waiting for it.
                 worker_thread = threading.Thread(
-                    target=lambda: worker_result.append(self._train()), name="worker-0"
+                    target=lambda: worker_result.append(self._train()),
+                    name="worker-0",
+                    daemon=True,
                 )
                 worker_thread.start()
             code = self._watch(client)

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from typing import Any, TypeVar
 
 import grpc
@@ -132,10 +133,14 @@ class PsClient:
         self.incarnations[ps] = identity.ps_incarnation
 
     def _each(self, fn: Callable[[int], T]) -> list[T]:
-        """Runs fn(ps) for every ps at once; the first error (by ps index) is raised."""
+        """Runs fn(ps) for every ps at once and waits for all of them; then raises the first
+        error (by ps index), if any. No call is still in flight when this returns or raises:
+        a caller that goes on after an error must not race a call it started."""
         if len(self.addresses) == 1:
             return [fn(0)]
-        return [f.result() for f in [self._pool.submit(fn, i) for i in range(len(self.addresses))]]
+        running = [self._pool.submit(fn, i) for i in range(len(self.addresses))]
+        futures_wait(running)
+        return [f.result() for f in running]
 
     # --- control ----------------------------------------------------------------------------
 

@@ -114,6 +114,7 @@ def restore_or_initialise(
                 manifest.step,
                 err.details,
             )
+            epoch += 1  # a new epoch per attempt: nothing of this one can land on the next
             continue
         log.info(
             "restored every ps from the checkpoint of step %d (epoch %d)", manifest.step, epoch

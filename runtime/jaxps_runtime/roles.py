@@ -68,3 +68,6 @@ def run(
     except (TimeoutError, checkpoint.CheckpointError) as err:
         log.error("%s", err)
         return EXIT_FAILED
+    except Exception:
+        log.exception("%s failed", task.name)
+        return EXIT_FAILED
