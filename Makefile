@@ -10,7 +10,7 @@ export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)/operator
 # JAX on this machine is CPU only; keep its start-up quiet and its threads bounded.
 export JAX_PLATFORMS ?= cpu
 
-.PHONY: help install run test test-unit test-process lint format verify protos bench clean
+.PHONY: help install run test test-unit test-process lint format verify protos bench clean control-plane
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -56,6 +56,9 @@ verify: lint ## Lint, types, import contracts and the generated-stubs drift chec
 	@tmp=$$(mktemp -d) && PYTHON=$(CURDIR)/$(PY) hack/gen-protos.sh $$tmp && \
 	  diff -r -x __pycache__ $$tmp/jaxps runtime/jaxps && rm -rf $$tmp && \
 	  echo "generated stubs match protos/" || { echo "stubs drifted: run 'make protos' and commit"; exit 1; }
+
+control-plane: ## Build kube-apiserver, controller-manager, scheduler, kubectl and etcd once (cached outside the repo)
+	hack/control-plane.sh build
 
 bench: install ## Run the benchmarks (JSON lines on stdout)
 	$(PY) bench/transport.py
