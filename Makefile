@@ -10,7 +10,8 @@ export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)/operator
 # JAX on this machine is CPU only; keep its start-up quiet and its threads bounded.
 export JAX_PLATFORMS ?= cpu
 
-.PHONY: help install run test test-unit test-process lint format verify protos bench clean control-plane
+.PHONY: help install run test test-unit test-process test-cluster lint format verify protos bench clean \
+	control-plane cluster-up cluster-down
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -28,7 +29,7 @@ install: $(STAMP) ## Install jaxps and its tools into .venv (Python packages; ap
 run: install ## Run examples/mnist.yaml on this machine (jaxps local): 2 ps + 2 workers, sync
 	$(VENV)/bin/jaxps local examples/mnist.yaml
 
-test: install ## Run every test tier (unit, process)
+test: install control-plane ## Run every test tier (unit, process, cluster)
 	$(PY) -m pytest -q tests
 
 test-unit: install ## Run the unit tests only
@@ -36,6 +37,9 @@ test-unit: install ## Run the unit tests only
 
 test-process: install ## Run the process tests only (real ps processes on 127.0.0.1)
 	$(PY) -m pytest -q tests/process
+
+test-cluster: install control-plane ## Run the cluster tests only (a real control plane and the operator)
+	$(PY) -m pytest -q tests/cluster
 
 lint: install ## ruff lint and format check
 	$(VENV)/bin/ruff check .
@@ -57,8 +61,15 @@ verify: lint ## Lint, types, import contracts and the generated-stubs drift chec
 	  diff -r -x __pycache__ $$tmp/jaxps runtime/jaxps && rm -rf $$tmp && \
 	  echo "generated stubs match protos/" || { echo "stubs drifted: run 'make protos' and commit"; exit 1; }
 
-control-plane: ## Build kube-apiserver, controller-manager, scheduler, kubectl and etcd once (cached outside the repo)
+control-plane: ## Build kube-apiserver, controller-manager, scheduler, kubectl, etcd and helm once (cached outside the repo)
 	hack/control-plane.sh build
+
+cluster-up: control-plane ## Start the control plane on 127.0.0.1; writes .cluster/kubeconfig
+	$(PYTHON_SYSTEM) hack/cluster.py up --dir .cluster
+	@echo "export KUBECONFIG=$(CURDIR)/.cluster/kubeconfig PATH=$$(hack/control-plane.sh bin):\$$PATH"
+
+cluster-down: ## Stop the control plane started by cluster-up and remove its state
+	$(PYTHON_SYSTEM) hack/cluster.py down --dir .cluster
 
 bench: install ## Run the benchmarks (JSON lines on stdout)
 	$(PY) bench/transport.py

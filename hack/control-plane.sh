@@ -2,19 +2,33 @@
 # Builds a local Kubernetes control plane from the Go module proxy, once per machine, into a
 # cache outside the repo (research/operator-testing-and-kopf.md, sections 1.3-1.4):
 #   hack/control-plane.sh build    kube-apiserver, kube-controller-manager, kube-scheduler,
-#                                  kubectl (k8s.io/kubernetes v$K8S_VERSION) and etcd
+#                                  kubectl (k8s.io/kubernetes v$K8S_VERSION), etcd and helm
 #   hack/control-plane.sh bin      prints the directory holding the binaries
 # Idempotent: a finished build (stamp file) is reused. Needs Go >= 1.24 and the module proxy.
 set -euo pipefail
 K8S_VERSION=${K8S_VERSION:-1.34.1}
 ETCD_VERSION=${ETCD_VERSION:-3.6.4}
+HELM_VERSION=${HELM_VERSION:-3.19.5}
 CACHE=${JAXPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jaxps}
 ROOT="$CACHE/k8s-v$K8S_VERSION"
 BIN="$ROOT/bin"
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 export GOPATH=${GOPATH:-$CACHE/gopath} GOCACHE=${GOCACHE:-$CACHE/gocache}
 
+helm() {
+  if [ -x "$BIN/helm" ]; then return; fi
+  echo "building helm v$HELM_VERSION into $BIN (once)"
+  mkdir -p "$BIN"
+  # helm's go.mod has no replace directives, so plain `go install` works
+  GOBIN="$BIN" go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"
+  "$BIN/helm" version --short
+}
+
 build() {
+  command -v go >/dev/null || { echo "need the Go toolchain (>= 1.24)"; exit 1; }
+  helm
   if [ -f "$ROOT/.built" ]; then echo "control plane v$K8S_VERSION already built in $BIN"; return; fi
   command -v go >/dev/null || { echo "need the Go toolchain (>= 1.24)"; exit 1; }
   mkdir -p "$BIN" "$ROOT/k8sbins" "$ROOT/etcdbin"

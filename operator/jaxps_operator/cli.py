@@ -3,6 +3,7 @@
 jaxps validate FILE...                 exit 0 if every manifest is valid, 2 otherwise
 jaxps local FILE [--workdir DIR] [--json] [--kill TASK@step=N ...]
                                        exit 0 Succeeded, 1 Failed, 2 invalid manifest
+jaxps operator [--namespace NS ...]    the Kubernetes operator (kopf), until SIGTERM
 """
 
 from __future__ import annotations
@@ -159,6 +160,47 @@ def run_local(args: argparse.Namespace) -> int:
     return EXIT_SUCCEEDED if state == "Succeeded" else EXIT_FAILED
 
 
+def _bounded(kind: type[int] | type[float], low: float, high: float) -> Any:
+    """An argparse type: a number in [low, high], with an error that names both."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"got {text!r}; expected {'an integer' if kind is int else 'a number'}"
+            ) from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"got {text}; expected {low:g}..{high:g}")
+        return value
+
+    return parse
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    # kopf and the kubernetes client load only for this command
+    from jaxps_operator import controller  # noqa: PLC0415
+
+    if args.liveness and not args.liveness.startswith(("http://", "https://")):
+        print(
+            f"jaxps operator: --liveness: got {args.liveness!r}; expected an http:// URL or ''",
+            file=sys.stderr,
+        )
+        return EXIT_INVALID
+    controller.run(
+        controller.Options(
+            namespaces=tuple(args.namespaces),
+            workers=args.workers,
+            progress_interval=args.progress_interval,
+            metrics_port=args.metrics_port or None,
+            liveness=args.liveness or None,
+            peering=args.peering,
+            priority=args.priority,
+        )
+    )
+    return EXIT_SUCCEEDED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="jaxps",
@@ -182,6 +224,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="SIGKILL a task when the chief reaches a step (shows recovery)",
     )
     here.set_defaults(run=run_local)
+    ops = commands.add_parser(
+        "operator",
+        help="run the Kubernetes operator (uses $KUBECONFIG, or the pod's service account)",
+    )
+    ops.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        dest="namespaces",
+        metavar="NS",
+        help="a namespace to watch (repeatable; globs like 'team-*' allowed); default: all",
+    )
+    ops.add_argument(
+        "--workers", type=_bounded(int, 1, 64), default=4, help="concurrent passes (default 4)"
+    )
+    ops.add_argument(
+        "--progress-interval",
+        type=_bounded(float, 0.5, 3600),
+        default=10.0,
+        metavar="SECONDS",
+        help="how often a running chief's metrics are read into status.progress (default 10)",
+    )
+    ops.add_argument(
+        "--metrics-port",
+        type=_bounded(int, 0, 65535),
+        default=8000,
+        help="the operator's own Prometheus metrics; 0 turns them off (default 8000)",
+    )
+    ops.add_argument(
+        "--liveness",
+        default="http://0.0.0.0:8080/healthz",
+        metavar="URL",
+        help="kopf's liveness endpoint; '' turns it off (default http://0.0.0.0:8080/healthz)",
+    )
+    ops.add_argument(
+        "--peering",
+        metavar="NAME",
+        help="run as one of several replicas: the KopfPeering object NAME decides which one "
+        "works (default: standalone)",
+    )
+    ops.add_argument(
+        "--priority", type=int, default=0, help="this replica's peering priority (default 0)"
+    )
+    ops.set_defaults(run=run_operator)
     args = parser.parse_args(argv)
     code: int = args.run(args)
     return code

@@ -20,14 +20,13 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from jaxps_operator import planner
+from jaxps_operator import planner, progress
 from jaxps_runtime import cluster
 
 GRACE_SECONDS = 10.0
@@ -79,24 +78,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def read_metrics(port: int) -> dict[str, float]:
-    """The jaxps_* metrics a task serves, by name (eval metrics as eval/<name>)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as reply:
-            text = reply.read().decode()
-    except OSError:
-        return {}
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith("jaxps_") or "{" not in line:
-            continue
-        name, rest = line.split("{", 1)
-        metric = re.search(r'metric="([^"]+)"', rest)
-        key = f"eval/{metric.group(1)}" if name == "jaxps_eval" and metric else name
-        out[key] = float(line.rsplit(" ", 1)[1])
-    return out
 
 
 @dataclass
@@ -249,26 +230,17 @@ class LocalJob:
         return planner.pod_name(self.job, *planner.chief_task(self.job))
 
     def progress(self) -> dict[str, Any]:
-        metrics = read_metrics(self.ports[self.chief_name()][1])
-        progress = dict(self.job.get("status", {}).get("progress") or {})
-        if metrics:
-            progress.update(
-                {
-                    "step": int(metrics.get("jaxps_global_step", 0)),
-                    "loss": metrics.get("jaxps_loss", 0.0),
-                    "stepsPerSecond": round(metrics.get("jaxps_steps_per_second", 0.0), 2),
-                    "lastCheckpointStep": int(metrics.get("jaxps_last_checkpoint_step", 0)),
-                }
-            )
+        metrics = progress.read_metrics("127.0.0.1", self.ports[self.chief_name()][1])
+        current = progress.merge(self.job.get("status", {}).get("progress") or {}, metrics)
         summary = self.read_summary()
         if summary is not None:
-            progress["step"] = summary.get("step", progress.get("step", 0))
-            progress["eval"] = {
+            current["step"] = summary.get("step", current.get("step", 0))
+            current["eval"] = {
                 k: v for k, v in (summary.get("eval") or {}).items() if v is not None
             }
             if summary.get("lastCheckpointStep") is not None:
-                progress["lastCheckpointStep"] = summary["lastCheckpointStep"]
-        return progress
+                current["lastCheckpointStep"] = summary["lastCheckpointStep"]
+        return current
 
     def read_summary(self) -> dict[str, Any] | None:
         """The chief's `{"event": "done", ...}` line, once it printed it."""

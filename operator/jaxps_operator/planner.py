@@ -9,14 +9,16 @@ running it twice on the same input gives the same Plan.
 
 Rules (DESIGN.md section 4; where TFJob hurts, see research/tfjob-anchor.md):
 - children: one headless Service named after the job (`publishNotReadyAddresses`) and one pod
-  per task, `<job>-<role>-<index>`, with hostname/subdomain, labels, port 2222, TF_CONFIG and
-  the JAXPS_* environment, pod `restartPolicy: Never`;
+  per task, `<job>-<role>-<index>`, with hostname/subdomain, labels, port 2222, a metrics port
+  (9090, or the template's port named `metrics`), TF_CONFIG and the JAXPS_* environment, pod
+  `restartPolicy: Never`;
 - a failed pod is replaced (same name) when its role's policy says so: OnFailure and Always
   always, ExitCode for exit codes >= 128, Never never. TensorFlow's tasks can exit 0 mid-job;
   jaxps tasks exit 0 only once training is over (a ps when the chief shuts it down), so
   Always acts as OnFailure: a pod that exited 0 is done; every replacement is counted in
   `status.restarts`, and past `runPolicy.backoffLimit` the job fails (BackoffLimitExceeded);
-  a pod is never recreated while its predecessor is still terminating;
+  a pod is never recreated while its predecessor is still terminating, and the job stays
+  Restarting until every pod runs again;
 - success: the chief (or worker 0) succeeded (`successPolicy: chief`), or every worker did
   (`allWorkers`); failure: a pod failed that may not be replaced (ReplicaFailed, naming role,
   index and exit code), the backoff limit, or `activeDeadlineSeconds` (DeadlineExceeded), with
@@ -169,6 +171,14 @@ def service(job: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def metrics_port(container: Mapping[str, Any]) -> int:
+    """The container's port named `metrics` (a template may choose it), else 9090."""
+    for port in container.get("ports") or []:
+        if port.get("name") == "metrics" and port.get("containerPort"):
+            return int(port["containerPort"])
+    return METRICS_PORT
+
+
 def pod(job: Mapping[str, Any], role: str, index: int) -> dict[str, Any]:
     """The pod of one task: its template, plus what jaxps needs."""
     spec = job["spec"]
@@ -182,6 +192,7 @@ def pod(job: Mapping[str, Any], role: str, index: int) -> dict[str, Any]:
     main.setdefault("image", DEFAULT_IMAGE)
     main.setdefault("command", ["python", "-m", "jaxps_runtime"])
     name = pod_name(job, role, index)
+    metrics = metrics_port(main)
     env = [
         e
         for e in main.get("env", [])
@@ -197,14 +208,19 @@ def pod(job: Mapping[str, Any], role: str, index: int) -> dict[str, Any]:
         {"name": "JAXPS_TRAINING", "value": training_json(job)},
         {"name": "JAXPS_JOB_NAME", "value": job["metadata"]["name"]},
         {"name": "JAXPS_JOB_UID", "value": job["metadata"].get("uid") or job["metadata"]["name"]},
-        {"name": "JAXPS_METRICS_PORT", "value": str(METRICS_PORT)},
+        {"name": "JAXPS_METRICS_PORT", "value": str(metrics)},
     ]
     main["env"] = env
-    ports = [p for p in main.get("ports", []) if p.get("containerPort") not in (PORT, METRICS_PORT)]
+    ports = [
+        p
+        for p in main.get("ports", [])
+        if p.get("name") not in ("grpc", "metrics")
+        and p.get("containerPort") not in (PORT, metrics)
+    ]
     main["ports"] = [
         *ports,
         {"name": "grpc", "containerPort": PORT},
-        {"name": "metrics", "containerPort": METRICS_PORT},
+        {"name": "metrics", "containerPort": metrics},
     ]
     checkpoint = spec["training"].get("checkpoint") or {}
     if checkpoint.get("claimName"):
@@ -500,8 +516,12 @@ def _run(
         return
     if restarting:
         mark("Restarting", True, "PodReplaced", f"replacing {', '.join(restarting)}")
-    elif _is_true(status, "Restarting"):
-        mark("Restarting", False, "PodsReplaced", "every replaced pod is back")
+    elif _is_true(status, "Restarting") and all(
+        (p := pods.get((role, index))) is not None and p.phase in ("Running", "Succeeded")
+        for role, count in wanted.items()
+        for index in range(count)
+    ):
+        mark("Restarting", False, "PodsReplaced", "every replaced pod is running again")
     role, index = chief_task(job)
     chief = pods.get((role, index))
     if (

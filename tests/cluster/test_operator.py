@@ -1,0 +1,336 @@
+"""The operator against a real kube-apiserver: what `kubectl apply -f examples/mnist.yaml` does.
+
+Pod phases are written by the tests (there is no kubelet); everything else is the real
+control plane and `jaxps operator` as its own process.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import GROUP, PLURAL, VERSION, Cluster, Jobs, Operator, free_port, wait_for
+from kubernetes.client.exceptions import ApiException
+
+from jaxps_runtime import cluster as tfcluster
+from jaxps_runtime.metrics import Metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "unit"))
+from test_manifests import CATALOGUE  # noqa: E402
+
+MNIST = yaml.safe_load((ROOT / "examples" / "mnist.yaml").read_text())
+PODS = ("mnist-ps-0", "mnist-ps-1", "mnist-worker-0", "mnist-worker-1")
+# Where the apiserver's words differ from `jaxps validate`'s, what it says instead (the
+# field is still named).
+APISERVER_WORDS = {
+    "wrong-api-version": 'strict decoding error: unknown field "spec"',
+    "wrong-kind": 'kind: Invalid value: "TFJob": must be TrainingJob',
+    "unknown-role": 'unknown field "spec.replicaSpecs.master"',
+    "replicas-not-integer": "spec.replicaSpecs.ps.replicas in body must be of type integer",
+    "unknown-training-field": 'unknown field "spec.training.stepz"',
+    "suspend-not-boolean": "spec.runPolicy.suspend in body must be of type boolean",
+}
+
+
+def mnist(name: str = "mnist", **run_policy: Any) -> dict[str, Any]:
+    job = copy.deepcopy(MNIST)
+    job["metadata"]["name"] = name
+    job["spec"]["runPolicy"] = run_policy
+    return job
+
+
+def uids(pods: dict[str, dict[str, Any]]) -> dict[str, str]:
+    return {name: p["metadata"]["uid"] for name, p in pods.items()}
+
+
+def run_all(jobs: Jobs, name: str = "mnist") -> None:
+    for pod in jobs.wait_pods(name, 4):
+        jobs.set_phase(pod, "Running")
+
+
+def test_the_crd_installs_and_the_apiserver_refuses_the_invalid_catalogue(crd: Cluster) -> None:
+    names = crd.kubectl("get", "crd", "-o", "name")
+    assert "customresourcedefinition.apiextensions.k8s.io/trainingjobs.jaxps.dev" in names
+    refused = []
+    for name, manifest, message in CATALOGUE:
+        if not isinstance(manifest, dict):
+            continue  # not an object: kubectl refuses to send it at all
+        with pytest.raises(ApiException) as caught:
+            crd.custom.create_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                "default",
+                PLURAL,
+                manifest,
+                dry_run="All",
+                field_validation="Strict",
+            )
+        assert caught.value.status in (400, 422), name
+        said = json.loads(caught.value.body)["message"]
+        assert APISERVER_WORDS.get(name, message) in said, f"{name}: {said}"
+        refused.append(name)
+    assert len(refused) == len(CATALOGUE) - 1
+    # and every example is accepted
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        crd.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", str(path))
+
+
+def test_mnist_creates_the_service_and_pods_with_owner_references_and_tf_config(
+    jobs: Jobs,
+) -> None:
+    created = jobs.apply(mnist())
+    pods = jobs.wait_pods("mnist", 4)
+    assert sorted(pods) == sorted(PODS)
+    service = wait_for(
+        lambda: jobs.cluster.core.read_namespaced_service("mnist", jobs.namespace),
+        what="the headless Service",
+    )
+    assert service.spec.cluster_ip == "None"
+    assert service.spec.publish_not_ready_addresses is True
+    assert service.metadata.owner_references[0].uid == created["metadata"]["uid"]
+    for name, pod in pods.items():
+        owner = pod["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["uid"], owner["controller"]) == (
+            "TrainingJob",
+            created["metadata"]["uid"],
+            True,
+        )
+        assert pod["spec"]["hostname"] == name
+        assert pod["spec"]["subdomain"] == "mnist"
+        assert pod["spec"]["restartPolicy"] == "Never"
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        tf_config = tfcluster.parse_tf_config(env["TF_CONFIG"])
+        role, index = name.split("-")[1], int(name.split("-")[2])
+        assert (tf_config.task.type, tf_config.task.index) == (role, index)
+        ns = jobs.namespace
+        assert tf_config.cluster.jobs["ps"] == (
+            f"mnist-ps-0.mnist.{ns}.svc:2222",
+            f"mnist-ps-1.mnist.{ns}.svc:2222",
+        )
+        assert tf_config.cluster.jobs["worker"] == (
+            f"mnist-worker-0.mnist.{ns}.svc:2222",
+            f"mnist-worker-1.mnist.{ns}.svc:2222",
+        )
+        assert json.loads(env["JAXPS_TRAINING"])["mode"] == "sync"
+        assert env["JAXPS_JOB_UID"] == created["metadata"]["uid"]
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+        assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "mnist-checkpoints"
+    assert jobs.wait_condition("mnist", "Created")["reason"] == "JobCreated"
+    assert {"reason": "JobCreated", "type": "Normal", "message": "created TrainingJob mnist"} in (
+        jobs.events("mnist")
+    )
+
+
+def test_pod_phases_drive_the_job_to_succeeded_and_running_pods_are_deleted(
+    jobs: Jobs, operator: Operator
+) -> None:
+    jobs.apply(mnist())
+    run_all(jobs)
+    jobs.wait_condition("mnist", "Running")
+    jobs.wait_condition("mnist", "PodsReady")
+    table = jobs.cluster.kubectl("get", "tj", "-n", jobs.namespace)
+    header, row = table.splitlines()[:2]
+    assert header.split() == ["NAME", "STATE", "READY", "RESTARTS", "STEP", "AGE"]
+    assert row.split()[:4] == ["mnist", "Running", "4/4", "0"]
+
+    jobs.set_phase("mnist-worker-1", "Succeeded")
+    jobs.set_phase("mnist-worker-0", "Succeeded")  # worker 0 is the chief
+    waited = jobs.cluster.kubectl(
+        "wait",
+        "--for=condition=Succeeded",
+        "tj/mnist",
+        "-n",
+        jobs.namespace,
+        "--timeout=60s",
+    )
+    assert "condition met" in waited
+    job = jobs.get("mnist")
+    assert job is not None
+    assert job["status"]["state"] == "Succeeded"
+    assert job["status"]["completionTime"]
+    running = {c["type"]: c["status"] for c in job["status"]["conditions"]}["Running"]
+    assert running == "False"
+    # cleanPodPolicy Running: no ps outlives its job; the finished workers stay for their logs
+    wait_for(
+        lambda: sorted(jobs.pods("mnist")) == ["mnist-worker-0", "mnist-worker-1"],
+        what="the running ps pods to be deleted",
+    )
+    reasons = [e["reason"] for e in jobs.events("mnist")]
+    assert reasons.count("JobSucceeded") == 1
+    assert 'jaxps_operator_jobs{state="Succeeded"}' in operator.metrics()
+
+
+def test_a_failed_ps_pod_is_replaced_with_the_same_name_and_a_new_uid(
+    jobs: Jobs, operator: Operator
+) -> None:
+    jobs.apply(mnist())
+    run_all(jobs)
+    jobs.wait_condition("mnist", "Running")
+    before = uids(jobs.pods("mnist"))
+    jobs.set_phase("mnist-ps-0", "Failed", exit_code=137)
+
+    def replaced() -> dict[str, Any] | None:
+        pod = jobs.pods("mnist").get("mnist-ps-0")
+        return pod if pod and pod["metadata"]["uid"] != before["mnist-ps-0"] else None
+
+    pod = wait_for(replaced, what="a new mnist-ps-0")
+    assert pod["status"]["phase"] == "Pending"
+    job = jobs.get("mnist")
+    assert job is not None
+    assert job["status"]["restarts"] == 1
+    assert job["status"]["replicaStatuses"]["ps"]["restarts"] == 1
+    restarting = jobs.wait_condition("mnist", "Restarting")
+    assert "ps 0" in restarting["message"]
+    after = uids(jobs.pods("mnist"))
+    assert {k: v for k, v in after.items() if k != "mnist-ps-0"} == {
+        k: v for k, v in before.items() if k != "mnist-ps-0"
+    }
+    replaced_events = [e for e in jobs.events("mnist") if e["reason"] == "PodReplaced"]
+    assert len(replaced_events) == 1
+    assert "exit code 137" in replaced_events[0]["message"]
+    assert "jaxps_operator_pod_replacements_total" in operator.metrics()
+    # the new pod runs: the job is no longer restarting
+    jobs.set_phase("mnist-ps-0", "Running")
+    wait_for(
+        lambda: jobs.condition("mnist", "Restarting") is None,
+        what="the Restarting condition to clear",
+    )
+    assert (jobs.get("mnist") or {})["status"]["state"] == "Running"
+
+
+def test_past_the_backoff_limit_the_job_fails(jobs: Jobs) -> None:
+    jobs.apply(mnist(backoffLimit=1))
+    run_all(jobs)
+    first = jobs.pods("mnist")["mnist-ps-1"]["metadata"]["uid"]
+    jobs.set_phase("mnist-ps-1", "Failed", exit_code=137)
+    second = wait_for(
+        lambda: (
+            (p := jobs.pods("mnist").get("mnist-ps-1"))
+            and p["metadata"]["uid"] != first
+            and p["metadata"]["uid"]
+        ),
+        what="the first replacement",
+    )
+    assert second
+    jobs.set_phase("mnist-ps-1", "Failed", exit_code=1)
+    failed = jobs.wait_condition("mnist", "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded"
+    assert "backoffLimit (1)" in failed["message"]
+    job = jobs.get("mnist")
+    assert job is not None
+    assert job["status"]["state"] == "Failed"
+    # the failed job keeps no running pod
+    wait_for(
+        lambda: all(
+            p["status"]["phase"] in ("Failed", "Succeeded") for p in jobs.pods("mnist").values()
+        ),
+        what="the running pods of the failed job to be deleted",
+    )
+
+
+def test_the_active_deadline_fails_the_job_with_no_other_event(jobs: Jobs) -> None:
+    jobs.apply(mnist(activeDeadlineSeconds=3))
+    jobs.wait_pods("mnist", 4)  # nothing else happens: the pods stay Pending
+    failed = jobs.wait_condition("mnist", "Failed", timeout=60)
+    assert failed["reason"] == "DeadlineExceeded"
+    wait_for(lambda: not jobs.pods("mnist"), what="the pending pods to be deleted")
+
+
+def test_ttl_deletes_the_finished_job_and_the_garbage_collector_its_children(
+    jobs: Jobs,
+) -> None:
+    jobs.apply(mnist(ttlSecondsAfterFinished=2, cleanPodPolicy="None"))
+    run_all(jobs)
+    jobs.set_phase("mnist-worker-0", "Succeeded")
+    jobs.wait_condition("mnist", "Succeeded")
+    wait_for(lambda: jobs.get("mnist") is None, timeout=60, what="the job deleted by its TTL")
+
+    def children_gone() -> bool:
+        services = jobs.cluster.core.list_namespaced_service(jobs.namespace).items
+        return not jobs.pods("mnist") and not services
+
+    wait_for(children_gone, timeout=120, what="the garbage collector to delete pods and Service")
+
+
+def test_restarting_the_operator_mid_job_creates_no_duplicates(
+    jobs: Jobs, operator: Operator
+) -> None:
+    jobs.apply(mnist())
+    run_all(jobs)
+    jobs.wait_condition("mnist", "Running")
+    before = uids(jobs.pods("mnist"))
+    assert operator.stop() == 0  # SIGTERM: a clean exit
+    jobs.set_phase("mnist-worker-1", "Running", ready=False)  # happens while it is down
+    operator.start()
+    wait_for(
+        lambda: (jobs.get("mnist") or {}).get("status", {}).get("readyReplicas") == "3/4",
+        what="the restarted operator to see the change",
+    )
+    assert uids(jobs.pods("mnist")) == before
+    services = jobs.cluster.core.list_namespaced_service(jobs.namespace).items
+    assert [s.metadata.name for s in services] == ["mnist"]
+    job = jobs.get("mnist")
+    assert job is not None
+    assert job["status"]["restarts"] == 0
+    reasons = [e["reason"] for e in jobs.events("mnist")]
+    assert reasons.count("JobCreated") == 1
+    assert reasons.count("JobRunning") == 1
+
+
+def test_suspend_deletes_the_pods_and_resume_creates_them_again(jobs: Jobs) -> None:
+    jobs.apply(mnist())
+    run_all(jobs)
+    jobs.wait_condition("mnist", "Running")
+    jobs.patch_spec("mnist", {"runPolicy": {"suspend": True}})
+    jobs.wait_condition("mnist", "Suspended")
+    wait_for(lambda: not jobs.pods("mnist"), what="every pod deleted on suspend")
+    assert (jobs.get("mnist") or {})["status"]["state"] == "Suspended"
+    jobs.patch_spec("mnist", {"runPolicy": {"suspend": False}})
+    jobs.wait_pods("mnist", 4)
+    wait_for(
+        lambda: jobs.condition("mnist", "Suspended") is None,
+        what="the Suspended condition to clear",
+    )
+    reasons = [e["reason"] for e in jobs.events("mnist")]
+    assert "JobSuspended" in reasons
+    assert "JobResumed" in reasons
+
+
+def test_status_progress_is_read_from_the_chiefs_metrics(jobs: Jobs) -> None:
+    port = free_port()
+    manifest = mnist()
+    manifest["spec"]["replicaSpecs"]["worker"]["template"] = {
+        "spec": {
+            "containers": [{"name": "jaxps", "ports": [{"name": "metrics", "containerPort": port}]}]
+        }
+    }
+    metrics = Metrics(task="worker-0")  # the runtime's own metrics, as the chief serves them
+    assert metrics.serve(port) == port
+    metrics.global_step.set(42)
+    metrics.loss.set(0.25)
+    metrics.last_checkpoint_step.set(40)
+    jobs.apply(manifest)
+    pods = jobs.wait_pods("mnist", 4)
+    env = {e["name"]: e["value"] for e in pods["mnist-worker-0"]["spec"]["containers"][0]["env"]}
+    assert env["JAXPS_METRICS_PORT"] == str(port)
+    jobs.set_phase("mnist-worker-0", "Running", pod_ip="127.0.0.1")
+    wait_for(
+        lambda: (jobs.get("mnist") or {}).get("status", {}).get("progress", {}).get("step") == 42,
+        what="status.progress.step 42",
+    )
+    metrics.global_step.set(43)  # read again while the chief runs
+    wait_for(
+        lambda: (jobs.get("mnist") or {}).get("status", {}).get("progress", {}).get("step") == 43,
+        what="status.progress.step 43",
+    )
+    progress = (jobs.get("mnist") or {})["status"]["progress"]
+    assert progress["loss"] == 0.25
+    assert progress["lastCheckpointStep"] == 40
+    row = jobs.cluster.kubectl("get", "tj", "-n", jobs.namespace).splitlines()[1].split()
+    assert row[4] == "43"  # the STEP column
