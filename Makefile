@@ -55,8 +55,9 @@ protos: install ## Regenerate the Python stubs from protos/
 verify: lint ## Lint, types, import contracts and the generated-stubs drift check
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	@diff -u crds/trainingjob.yaml operator/jaxps_operator/crd/trainingjob.yaml && \
-	  echo "packaged CRD matches crds/" || { echo "operator/jaxps_operator/crd/ drifted from crds/: copy it"; exit 1; }
+	@for copy in operator/jaxps_operator/crd/trainingjob.yaml charts/jaxps/crds/trainingjob.yaml; do \
+	  diff -u crds/trainingjob.yaml $$copy >/dev/null || { echo "$$copy drifted from crds/: copy it"; exit 1; }; \
+	done; echo "packaged and chart CRDs match crds/"
 	@tmp=$$(mktemp -d) && PYTHON=$(CURDIR)/$(PY) hack/gen-protos.sh $$tmp && \
 	  diff -r -x __pycache__ $$tmp/jaxps runtime/jaxps && rm -rf $$tmp && \
 	  echo "generated stubs match protos/" || { echo "stubs drifted: run 'make protos' and commit"; exit 1; }

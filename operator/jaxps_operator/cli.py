@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from collections.abc import Sequence
@@ -177,6 +178,16 @@ def _bounded(kind: type[int] | type[float], low: float, high: float) -> Any:
     return parse
 
 
+def _priority(text: str) -> int:
+    """An integer, or `random`: replicas of equal priority would all pause (kopf peering)."""
+    if text == "random":
+        return random.randint(1, 2**31 - 1)
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected an integer or 'random'") from None
+
+
 def run_operator(args: argparse.Namespace) -> int:
     # kopf and the kubernetes client load only for this command
     from jaxps_operator import controller  # noqa: PLC0415
@@ -266,7 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "works (default: standalone)",
     )
     ops.add_argument(
-        "--priority", type=int, default=0, help="this replica's peering priority (default 0)"
+        "--priority",
+        type=_priority,
+        default=0,
+        help="this replica's peering priority, or 'random' (default 0)",
     )
     ops.set_defaults(run=run_operator)
     args = parser.parse_args(argv)

@@ -420,7 +420,7 @@ def run(options: Options) -> None:
     )
     if options.metrics_port is not None:
         start_http_server(options.metrics_port, registry=metrics.registry)
-    kopf.configure(log_format=kopf.LogFormat.PLAIN, verbose=False)
+    kopf.configure(log_format=kopf.LogFormat.FULL, verbose=False)
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # not a line per watch event
     kopf.run(
         registry=registry(controller),

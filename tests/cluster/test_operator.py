@@ -8,21 +8,28 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from conftest import GROUP, PLURAL, VERSION, Cluster, Jobs, Operator, free_port, wait_for
 from kubernetes.client.exceptions import ApiException
 
 from jaxps_runtime import cluster as tfcluster
 from jaxps_runtime.metrics import Metrics
+from tests.cluster.harness import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    Cluster,
+    Jobs,
+    Operator,
+    free_port,
+    wait_for,
+)
+from tests.unit.test_manifests import CATALOGUE
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "unit"))
-from test_manifests import CATALOGUE  # noqa: E402
 
 MNIST = yaml.safe_load((ROOT / "examples" / "mnist.yaml").read_text())
 PODS = ("mnist-ps-0", "mnist-ps-1", "mnist-worker-0", "mnist-worker-1")
@@ -39,7 +46,7 @@ APISERVER_WORDS = {
 
 
 def mnist(name: str = "mnist", **run_policy: Any) -> dict[str, Any]:
-    job = copy.deepcopy(MNIST)
+    job: dict[str, Any] = copy.deepcopy(MNIST)
     job["metadata"]["name"] = name
     job["spec"]["runPolicy"] = run_policy
     return job
@@ -72,7 +79,7 @@ def test_the_crd_installs_and_the_apiserver_refuses_the_invalid_catalogue(crd: C
                 field_validation="Strict",
             )
         assert caught.value.status in (400, 422), name
-        said = json.loads(caught.value.body)["message"]
+        said = json.loads(caught.value.body or "{}")["message"]
         assert APISERVER_WORDS.get(name, message) in said, f"{name}: {said}"
         refused.append(name)
     assert len(refused) == len(CATALOGUE) - 1
@@ -87,13 +94,10 @@ def test_mnist_creates_the_service_and_pods_with_owner_references_and_tf_config(
     created = jobs.apply(mnist())
     pods = jobs.wait_pods("mnist", 4)
     assert sorted(pods) == sorted(PODS)
-    service = wait_for(
-        lambda: jobs.cluster.core.read_namespaced_service("mnist", jobs.namespace),
-        what="the headless Service",
-    )
-    assert service.spec.cluster_ip == "None"
-    assert service.spec.publish_not_ready_addresses is True
-    assert service.metadata.owner_references[0].uid == created["metadata"]["uid"]
+    service = wait_for(lambda: jobs.service("mnist"), what="the headless Service")
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
     for name, pod in pods.items():
         owner = pod["metadata"]["ownerReferences"][0]
         assert (owner["kind"], owner["uid"], owner["controller"]) == (
@@ -252,8 +256,7 @@ def test_ttl_deletes_the_finished_job_and_the_garbage_collector_its_children(
     wait_for(lambda: jobs.get("mnist") is None, timeout=60, what="the job deleted by its TTL")
 
     def children_gone() -> bool:
-        services = jobs.cluster.core.list_namespaced_service(jobs.namespace).items
-        return not jobs.pods("mnist") and not services
+        return not jobs.pods("mnist") and not jobs.service_names()
 
     wait_for(children_gone, timeout=120, what="the garbage collector to delete pods and Service")
 
@@ -273,8 +276,7 @@ def test_restarting_the_operator_mid_job_creates_no_duplicates(
         what="the restarted operator to see the change",
     )
     assert uids(jobs.pods("mnist")) == before
-    services = jobs.cluster.core.list_namespaced_service(jobs.namespace).items
-    assert [s.metadata.name for s in services] == ["mnist"]
+    assert jobs.service_names() == ["mnist"]
     job = jobs.get("mnist")
     assert job is not None
     assert job["status"]["restarts"] == 0

@@ -1,0 +1,100 @@
+"""The Helm chart: lints, renders, and what it renders is accepted by the API server.
+
+(Every cluster test also runs the operator with the chart's ServiceAccount and RBAC: see the
+`operator_kubeconfig` fixture.)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.cluster.harness import ROOT, Cluster, helm
+
+CHART = ROOT / "charts" / "jaxps"
+
+
+def kinds(rendered: str) -> list[tuple[str, str]]:
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    return [(d["kind"], d["metadata"].get("namespace", "")) for d in docs]
+
+
+def test_the_chart_lints_and_carries_the_crd_unchanged() -> None:
+    helm("lint", "--strict", str(CHART))
+    assert (CHART / "crds" / "trainingjob.yaml").read_text() == (
+        ROOT / "crds" / "trainingjob.yaml"
+    ).read_text()
+
+
+def test_the_default_render_is_accepted_by_the_apiserver(crd: Cluster) -> None:
+    rendered = helm("template", "jaxps", str(CHART), "--namespace", "default", "--include-crds")
+    assert sorted(kinds(rendered)) == sorted(
+        [
+            ("CustomResourceDefinition", ""),
+            ("ServiceAccount", "default"),
+            ("ClusterRole", ""),
+            ("ClusterRoleBinding", ""),
+            ("ClusterRole", ""),
+            ("ClusterRoleBinding", ""),
+            ("Deployment", "default"),
+        ]
+    )
+    crd.kubectl("apply", "--dry-run=server", "-f", "-", stdin=rendered)
+    deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][0] == "operator"
+    assert not any(a.startswith("--namespace") for a in container["args"])
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_watched_namespaces_get_roles_and_replicas_get_peering(crd: Cluster) -> None:
+    rendered = helm(
+        "template",
+        "jaxps",
+        str(CHART),
+        "--namespace",
+        "ops",
+        "--set",
+        "replicas=2",
+        "--set",
+        "watchNamespaces={team-a,team-b}",
+    )
+    found = kinds(rendered)
+    assert ("Role", "team-a") in found
+    assert ("RoleBinding", "team-b") in found
+    assert ("KopfPeering", "team-a") in found
+    assert sum(1 for kind, _ in found if kind == "CustomResourceDefinition") == 2
+    deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args
+    assert "--peering=jaxps" in args
+    assert "--priority=random" in args
+    # the namespaced objects (roles) are valid for the apiserver too
+    roles = "\n---\n".join(
+        yaml.safe_dump(d)
+        for d in yaml.safe_load_all(rendered)
+        if d and d["kind"] in ("ClusterRole", "ClusterRoleBinding")
+    )
+    crd.kubectl("apply", "--dry-run=server", "-f", "-", stdin=roles)
+
+
+def test_the_operator_does_not_load_jax_numpy_or_grpc() -> None:
+    """What lets the operator image go without them."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, jaxps_operator.cli, jaxps_operator.controller; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'jax', 'jaxlib', 'numpy', 'grpc', 'optax'}))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": f"{ROOT / 'runtime'}:{ROOT / 'operator'}", "PATH": "/usr/bin:/bin"},
+    )
+    assert out.stdout.strip() == "[]"
+    assert Path(ROOT / "docker" / "operator.Dockerfile").read_text().count("'.[operator]'") == 1
