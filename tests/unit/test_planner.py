@@ -204,6 +204,10 @@ def test_a_pod_is_never_recreated_while_its_predecessor_terminates() -> None:
     gone = [p for p in pods(j) if p.name != "tj-worker-1"]
     result = step(j, gone)
     assert [c["metadata"]["name"] for c in result.create] == ["tj-worker-1"]
+    # the replacement exists but does not run yet: still Restarting
+    pending = step(j, pods(j, worker1=("Pending", None)))
+    assert cond(pending.status, "Restarting")["status"] == "True"  # type: ignore[index]
+    assert pending.status["state"] == "Restarting"
     back = step(j, pods(j))
     assert cond(back.status, "Restarting")["status"] == "False"  # type: ignore[index]
     assert cond(back.status, "Restarting")["reason"] == "PodsReplaced"  # type: ignore[index]
