@@ -72,10 +72,11 @@ cluster-up: control-plane ## Start the control plane on 127.0.0.1; writes .clust
 cluster-down: ## Stop the control plane started by cluster-up and remove its state
 	$(PYTHON_SYSTEM) hack/cluster.py down --dir .cluster
 
-bench: install ## Run the benchmarks (JSON lines on stdout)
+bench: install control-plane ## Run the benchmarks (JSON lines on stdout)
 	$(PY) bench/transport.py
 	$(PY) bench/training.py
 	$(PY) bench/recovery.py
+	$(PY) bench/operator.py
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

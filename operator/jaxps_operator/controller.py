@@ -153,16 +153,24 @@ class Reconciler:
             datetime.now(UTC),
             service_exists=self.api.service_exists(namespace, name),
         )
-        for pod_name in plan.delete:
-            self.api.delete_pod(namespace, pod_name)
-        for manifest in plan.create:
-            self.api.create(namespace, manifest)
+        deleted = [n for n in plan.delete if self.api.delete_pod(namespace, n)]
+        created = [
+            f"{m['kind']} {m['metadata']['name']}"
+            for m in plan.create
+            if self.api.create(namespace, m)
+        ]
         status = plan.status
         chief = self._chief(job, pods)
         if chief is not None:
             status["progress"] = self._progress(chief, status.get("progress") or {})
         if status != job["status"]:
             self.api.replace_job_status({**raw, "status": status})
+        if deleted:
+            plan.events.append(
+                planner.Event("Normal", "PodsDeleted", f"deleted pod {', '.join(deleted)}")
+            )
+        if created:
+            plan.events.append(planner.Event("Normal", "Created", f"created {', '.join(created)}"))
         for event in plan.events:
             self.api.post_event(raw, type_=event.type, reason=event.reason, message=event.message)
             if event.reason == "PodReplaced":
@@ -253,7 +261,8 @@ class WorkQueue:
             self._again.discard(key)
             self.add(key)
 
-    def keys(self) -> set[Key]:
+    def tracked(self) -> set[Key]:
+        """Every key queued, in a pass, or waiting on a timer."""
         return set(self._timers) | self._pending | self._active
 
 

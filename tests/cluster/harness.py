@@ -1,6 +1,7 @@
 """The cluster tier: a real etcd, kube-apiserver, kube-controller-manager and kube-scheduler
 (hack/cluster.py, built by `make control-plane`), the CRD installed with kubectl, and the
-operator running as a process (`jaxps operator`).
+operator running as a process (`jaxps operator`). Package-scoped: the control plane stops
+when the tier ends, before the process tests run.
 
 There is no kubelet: pods stay unscheduled and the tests move their phases by writing pod
 status, as envtest users do. Set JAXPS_TEST_KUBECONFIG to run against a control plane that is
@@ -85,7 +86,7 @@ class Cluster:
         return done.stdout + done.stderr if not check else done.stdout
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     given = os.environ.get("JAXPS_TEST_KUBECONFIG")
     state = tmp_path_factory.mktemp("control-plane") / "cluster"
@@ -115,7 +116,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def crd(cluster: Cluster) -> Cluster:
     cluster.kubectl("apply", "-f", str(ROOT / "crds" / "trainingjob.yaml"))
     cluster.kubectl(
@@ -206,7 +207,7 @@ def helm(*args: str) -> str:
     return done.stdout
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def operator_kubeconfig(crd: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A kubeconfig for the chart's ServiceAccount: the operator runs with the chart's RBAC."""
     crd.kubectl("create", "namespace", RELEASE_NAMESPACE, check=False)  # may exist (reused)
@@ -234,7 +235,7 @@ def operator_kubeconfig(crd: Cluster, tmp_path_factory: pytest.TempPathFactory) 
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def operator(
     operator_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Operator]:
@@ -371,6 +372,15 @@ class Jobs:
             status["podIP"] = pod_ip
             status["podIPs"] = [{"ip": pod_ip}]
         self.cluster.core.patch_namespaced_pod_status(pod, self.namespace, {"status": status})
+
+    def wait_event(self, name: str, reason: str, contains: str = "") -> list[dict[str, Any]]:
+        """The Events of `reason` on TrainingJob `name`, once one says `contains`."""
+
+        def seen() -> list[dict[str, Any]] | None:
+            found = [e for e in self.events(name) if e["reason"] == reason]
+            return found if any(contains in (e["message"] or "") for e in found) else None
+
+        return wait_for(seen, what=f"a {reason} Event on {name} saying {contains!r}")
 
     def events(self, name: str) -> list[dict[str, Any]]:
         items = self.cluster.core.list_namespaced_event(

@@ -126,6 +126,12 @@ def test_mnist_creates_the_service_and_pods_with_owner_references_and_tf_config(
         volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
         assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "mnist-checkpoints"
     assert jobs.wait_condition("mnist", "Created")["reason"] == "JobCreated"
+
+    def creations() -> str | None:
+        said = " ".join(e["message"] for e in jobs.events("mnist") if e["reason"] == "Created")
+        return said if all(f"Pod {p}" in said for p in PODS) else None
+
+    assert "Service mnist" in wait_for(creations, what="an Event naming every created child")
     assert {"reason": "JobCreated", "type": "Normal", "message": "created TrainingJob mnist"} in (
         jobs.events("mnist")
     )
@@ -165,8 +171,7 @@ def test_pod_phases_drive_the_job_to_succeeded_and_running_pods_are_deleted(
         lambda: sorted(jobs.pods("mnist")) == ["mnist-worker-0", "mnist-worker-1"],
         what="the running ps pods to be deleted",
     )
-    reasons = [e["reason"] for e in jobs.events("mnist")]
-    assert reasons.count("JobSucceeded") == 1
+    assert len(jobs.wait_event("mnist", "JobSucceeded")) == 1
     assert 'jaxps_operator_jobs{state="Succeeded"}' in operator.metrics()
 
 
@@ -195,7 +200,8 @@ def test_a_failed_ps_pod_is_replaced_with_the_same_name_and_a_new_uid(
     assert {k: v for k, v in after.items() if k != "mnist-ps-0"} == {
         k: v for k, v in before.items() if k != "mnist-ps-0"
     }
-    replaced_events = [e for e in jobs.events("mnist") if e["reason"] == "PodReplaced"]
+    jobs.wait_event("mnist", "PodsDeleted", "mnist-ps-0")
+    replaced_events = jobs.wait_event("mnist", "PodReplaced", "ps 0")
     assert len(replaced_events) == 1
     assert "exit code 137" in replaced_events[0]["message"]
     assert "jaxps_operator_pod_replacements_total" in operator.metrics()
@@ -299,9 +305,10 @@ def test_suspend_deletes_the_pods_and_resume_creates_them_again(jobs: Jobs) -> N
         lambda: jobs.condition("mnist", "Suspended") is None,
         what="the Suspended condition to clear",
     )
-    reasons = [e["reason"] for e in jobs.events("mnist")]
-    assert "JobSuspended" in reasons
-    assert "JobResumed" in reasons
+    wait_for(
+        lambda: {"JobSuspended", "JobResumed"} <= {e["reason"] for e in jobs.events("mnist")},
+        what="the JobSuspended and JobResumed Events",
+    )
 
 
 def test_status_progress_is_read_from_the_chiefs_metrics(jobs: Jobs) -> None:
