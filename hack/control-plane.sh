@@ -13,6 +13,8 @@ CACHE=${JAXPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jaxps}
 ROOT="$CACHE/k8s-v$K8S_VERSION"
 BIN="$ROOT/bin"
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+# the usual place of an installed Go, when it is not on PATH (a non-login CI shell)
+if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then export PATH=/usr/local/go/bin:$PATH; fi
 export GOPATH=${GOPATH:-$CACHE/gopath} GOCACHE=${GOCACHE:-$CACHE/gocache}
 
 helm() {
