@@ -21,9 +21,11 @@ names, so a create that answers 409 is success and a restarted operator creates 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -34,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from jaxps_operator import kube, planner, progress, schema
 
 PREFIX = "jaxps.dev"
+CHILD_CALLS = 8  # creates or deletes of one pass in flight at once
 STATES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 Key = tuple[str, str]  # (namespace, name)
 log = logging.getLogger("jaxps.operator")
@@ -129,14 +132,22 @@ class Reconciler:
     metrics: Metrics
     progress_interval: float = 10.0
     invalid: set[str] = field(default_factory=set)  # uids already reported as invalid
+    validated: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(CHILD_CALLS, thread_name_prefix="jaxps-child")
+    )
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
+        # the three reads at once: the job, its pods, its Service
+        pods_read = self.pool.submit(self.api.list_pods, namespace, f"{planner.LABEL_JOB}={name}")
+        service_read = self.pool.submit(self.api.service_exists, namespace, name)
         raw = self.api.get_job(namespace, name)
+        pods, service_exists = pods_read.result(), service_read.result()
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             return Outcome(state=None)
         meta = raw["metadata"]
         try:
-            job = schema.validate({k: v for k, v in raw.items() if k != "status"})
+            job = self._spec(raw)
         except schema.InvalidManifestError as err:
             # the API server enforces the same schema, so this is a CRD older than the operator
             if meta["uid"] not in self.invalid:
@@ -145,19 +156,16 @@ class Reconciler:
             return Outcome(state=(raw.get("status") or {}).get("state", "Created"))
         job["metadata"] = meta
         job["status"] = raw.get("status") or {}
-        pods = self.api.list_pods(namespace, f"{planner.LABEL_JOB}={name}")
         observed = [s for p in pods if (s := pod_state(p, meta["uid"])) is not None]
-        plan = planner.plan(
-            job,
-            observed,
-            datetime.now(UTC),
-            service_exists=self.api.service_exists(namespace, name),
-        )
-        deleted = [n for n in plan.delete if self.api.delete_pod(namespace, n)]
+        plan = planner.plan(job, observed, datetime.now(UTC), service_exists=service_exists)
+        # deletes, then creates, each batch in parallel (a job's pods appear together)
+        gone = list(self.pool.map(lambda n: self.api.delete_pod(namespace, n), plan.delete))
+        deleted = [n for n, ok in zip(plan.delete, gone, strict=True) if ok]
+        made = list(self.pool.map(lambda m: self.api.create(namespace, m), plan.create))
         created = [
             f"{m['kind']} {m['metadata']['name']}"
-            for m in plan.create
-            if self.api.create(namespace, m)
+            for m, ok in zip(plan.create, made, strict=True)
+            if ok
         ]
         status = plan.status
         chief = self._chief(job, pods)
@@ -183,6 +191,16 @@ class Reconciler:
         if chief is not None and status["state"] not in planner.TERMINAL:
             requeue = min(requeue or self.progress_interval, self.progress_interval)
         return Outcome(state=status["state"], requeue_after=requeue)
+
+    def _spec(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """The job validated with defaults applied, once per uid and generation (CEL is slow)."""
+        key = (raw["metadata"]["uid"], raw["metadata"].get("generation", 0))
+        if key not in self.validated:
+            self.validated = {
+                k: v for k, v in self.validated.items() if k[0] != key[0]
+            }  # one generation per job
+            self.validated[key] = schema.validate({k: v for k, v in raw.items() if k != "status"})
+        return copy.deepcopy(self.validated[key])
 
     @staticmethod
     def _chief(job: Mapping[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any] | None:
