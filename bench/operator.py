@@ -31,9 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config
-
 import results
+from kubernetes import client, config
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUP, VERSION, PLURAL = "jaxps.dev", "v1alpha1", "trainingjobs"
@@ -211,14 +210,17 @@ def main() -> int:
         operator: subprocess.Popen[bytes] | None = None
         try:
             kubeconfig = state / "kubeconfig"
-            kubectl = Path(
-                subprocess.run(
-                    [str(ROOT / "hack" / "control-plane.sh"), "bin"],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                ).stdout.strip()
-            ) / "kubectl"
+            kubectl = (
+                Path(
+                    subprocess.run(
+                        [str(ROOT / "hack" / "control-plane.sh"), "bin"],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    ).stdout.strip()
+                )
+                / "kubectl"
+            )
             for argv in (
                 ["apply", "-f", str(ROOT / "crds" / "trainingjob.yaml")],
                 ["wait", "--for=condition=Established", "crd/trainingjobs.jaxps.dev"],
