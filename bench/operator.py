@@ -153,43 +153,36 @@ class Bench:
         self.custom.create_namespaced_custom_object(
             GROUP, VERSION, ns, PLURAL, training_job("flips")
         )
-        wait(lambda: self.pod_count(ns) >= 7, "7 pods")
-        pods = sorted(
-            p.metadata.name for p in self.core.list_namespaced_pod(ns).items if p.metadata
-        )
 
         def ready() -> int:
             job = self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "flips")
             text = (job.get("status") or {}).get("readyReplicas", "0/7")
             return int(str(text).split("/")[0])
 
-        times = []
-        for pod in pods[:flips]:
-            before = ready()
-            self.running(ns, pod)
-            started = time.perf_counter()
-            wait(lambda b=before: ready() > b, f"readyReplicas above {before}")  # type: ignore[misc]
-            times.append(time.perf_counter() - started)
-        return times
+        return self.flips(ns, ready, flips)
 
     def flips_batch(self, flips: int) -> list[float]:
         ns = self.namespace("job-flips")
         self.batch.create_namespaced_job(ns, batch_job("flips"))
-        wait(lambda: self.pod_count(ns) >= 7, "7 pods")
-        pods = sorted(
-            p.metadata.name for p in self.core.list_namespaced_pod(ns).items if p.metadata
-        )
 
         def ready() -> int:
             status = self.batch.read_namespaced_job_status("flips", ns).status
             return int((status.ready if status else 0) or 0)
 
+        return self.flips(ns, ready, flips)
+
+    def flips(self, ns: str, ready: Callable[[], int], flips: int) -> list[float]:
+        """Turns pods Running one at a time; the seconds until `ready()` counts each."""
+        wait(lambda: self.pod_count(ns) >= 7, "7 pods")
+        pods = sorted(
+            p.metadata.name for p in self.core.list_namespaced_pod(ns).items if p.metadata
+        )
         times = []
         for pod in pods[:flips]:
             before = ready()
             self.running(ns, pod)
             started = time.perf_counter()
-            wait(lambda b=before: ready() > b, f"Job status.ready above {before}")  # type: ignore[misc]
+            wait(lambda b=before: ready() > b, f"the owner counting {pod}")  # type: ignore[misc]
             times.append(time.perf_counter() - started)
         return times
 

@@ -61,6 +61,14 @@ def run_all(jobs: Jobs, name: str = "mnist") -> None:
         jobs.set_phase(pod, "Running")
 
 
+def running_mnist(jobs: Jobs, **run_policy: Any) -> dict[str, str]:
+    """Applies mnist, runs every pod, waits for Running; returns the pods' uids."""
+    jobs.apply(mnist(**run_policy))
+    run_all(jobs)
+    jobs.wait_condition("mnist", "Running")
+    return uids(jobs.pods("mnist"))
+
+
 def test_the_crd_installs_and_the_apiserver_refuses_the_invalid_catalogue(crd: Cluster) -> None:
     names = crd.kubectl("get", "crd", "-o", "name")
     assert "customresourcedefinition.apiextensions.k8s.io/trainingjobs.jaxps.dev" in names
@@ -140,9 +148,7 @@ def test_mnist_creates_the_service_and_pods_with_owner_references_and_tf_config(
 def test_pod_phases_drive_the_job_to_succeeded_and_running_pods_are_deleted(
     jobs: Jobs, operator: Operator
 ) -> None:
-    jobs.apply(mnist())
-    run_all(jobs)
-    jobs.wait_condition("mnist", "Running")
+    running_mnist(jobs)
     jobs.wait_condition("mnist", "PodsReady")
     table = jobs.cluster.kubectl("get", "tj", "-n", jobs.namespace)
     header, row = table.splitlines()[:2]
@@ -178,10 +184,7 @@ def test_pod_phases_drive_the_job_to_succeeded_and_running_pods_are_deleted(
 def test_a_failed_ps_pod_is_replaced_with_the_same_name_and_a_new_uid(
     jobs: Jobs, operator: Operator
 ) -> None:
-    jobs.apply(mnist())
-    run_all(jobs)
-    jobs.wait_condition("mnist", "Running")
-    before = uids(jobs.pods("mnist"))
+    before = running_mnist(jobs)
     jobs.set_phase("mnist-ps-0", "Failed", exit_code=137)
 
     def replaced() -> dict[str, Any] | None:
@@ -215,9 +218,7 @@ def test_a_failed_ps_pod_is_replaced_with_the_same_name_and_a_new_uid(
 
 
 def test_past_the_backoff_limit_the_job_fails(jobs: Jobs) -> None:
-    jobs.apply(mnist(backoffLimit=1))
-    run_all(jobs)
-    first = jobs.pods("mnist")["mnist-ps-1"]["metadata"]["uid"]
+    first = running_mnist(jobs, backoffLimit=1)["mnist-ps-1"]
     jobs.set_phase("mnist-ps-1", "Failed", exit_code=137)
     second = wait_for(
         lambda: (
@@ -255,8 +256,7 @@ def test_the_active_deadline_fails_the_job_with_no_other_event(jobs: Jobs) -> No
 def test_ttl_deletes_the_finished_job_and_the_garbage_collector_its_children(
     jobs: Jobs,
 ) -> None:
-    jobs.apply(mnist(ttlSecondsAfterFinished=2, cleanPodPolicy="None"))
-    run_all(jobs)
+    running_mnist(jobs, ttlSecondsAfterFinished=2, cleanPodPolicy="None")
     jobs.set_phase("mnist-worker-0", "Succeeded")
     jobs.wait_condition("mnist", "Succeeded")
     wait_for(lambda: jobs.get("mnist") is None, timeout=60, what="the job deleted by its TTL")
@@ -270,10 +270,7 @@ def test_ttl_deletes_the_finished_job_and_the_garbage_collector_its_children(
 def test_restarting_the_operator_mid_job_creates_no_duplicates(
     jobs: Jobs, operator: Operator
 ) -> None:
-    jobs.apply(mnist())
-    run_all(jobs)
-    jobs.wait_condition("mnist", "Running")
-    before = uids(jobs.pods("mnist"))
+    before = running_mnist(jobs)
     assert operator.stop() == 0  # SIGTERM: a clean exit
     jobs.set_phase("mnist-worker-1", "Running", ready=False)  # happens while it is down
     operator.start()
@@ -292,9 +289,7 @@ def test_restarting_the_operator_mid_job_creates_no_duplicates(
 
 
 def test_suspend_deletes_the_pods_and_resume_creates_them_again(jobs: Jobs) -> None:
-    jobs.apply(mnist())
-    run_all(jobs)
-    jobs.wait_condition("mnist", "Running")
+    running_mnist(jobs)
     jobs.patch_spec("mnist", {"runPolicy": {"suspend": True}})
     jobs.wait_condition("mnist", "Suspended")
     wait_for(lambda: not jobs.pods("mnist"), what="every pod deleted on suspend")
