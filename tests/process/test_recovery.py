@@ -36,6 +36,13 @@ def _training(tmp_path: Path, **changes: Any) -> dict[str, Any]:
     }
 
 
+def _start(jobs: list[launch.LocalJob], **kwargs: Any) -> launch.LocalJob:
+    """Starts a local job; the `jobs` fixture stops it after the test."""
+    job = launch.LocalJob.start(**kwargs)
+    jobs.append(job)
+    return job
+
+
 def _wait_for(
     condition: Callable[[], bool], job: launch.LocalJob, *, timeout: float = 120, what: str
 ) -> None:
@@ -75,8 +82,7 @@ def _kill_and_restart(job: launch.LocalJob, task: str) -> None:
 def test_a_killed_ps_is_restarted_and_every_shard_rolls_back_to_the_last_checkpoint(
     jobs: list[launch.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
 ) -> None:
-    job = launch.LocalJob.start(training=_training(tmp_path), log_dir=tmp_path / "logs")
-    jobs.append(job)
+    job = _start(jobs, training=_training(tmp_path), log_dir=tmp_path / "logs")
     _wait_for(lambda: _step(job, metric, "worker-0") >= 170, job, what="step 170")
     killed_at = _step(job, metric, "worker-0")
     _kill_and_restart(job, "ps-0")
@@ -92,8 +98,7 @@ def test_a_killed_ps_is_restarted_and_every_shard_rolls_back_to_the_last_checkpo
 def test_a_killed_worker_comes_back_where_its_data_left_off(
     jobs: list[launch.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
 ) -> None:
-    job = launch.LocalJob.start(training=_training(tmp_path), log_dir=tmp_path / "logs")
-    jobs.append(job)
+    job = _start(jobs, training=_training(tmp_path), log_dir=tmp_path / "logs")
     _wait_for(lambda: _step(job, metric, "worker-1") >= 150, job, what="step 150")
     _kill_and_restart(job, "worker-1")
     summary = _finish(job)
@@ -113,8 +118,7 @@ def test_a_killed_worker_comes_back_where_its_data_left_off(
 def test_a_restarted_chief_adopts_the_live_state_and_the_step_never_goes_back(
     jobs: list[launch.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
 ) -> None:
-    job = launch.LocalJob.start(training=_training(tmp_path), log_dir=tmp_path / "logs", chief=True)
-    jobs.append(job)
+    job = _start(jobs, training=_training(tmp_path), log_dir=tmp_path / "logs", chief=True)
     _wait_for(lambda: _step(job, metric, "chief-0") >= 150, job, what="step 150")
     killed_at = _step(job, metric, "chief-0")
     _kill_and_restart(job, "chief-0")
@@ -131,10 +135,7 @@ def test_a_ps_killed_while_writing_a_checkpoint_leaves_it_uncommitted(
 ) -> None:
     root = tmp_path / "ckpt"
     slow_saves = {"ps-0": {shardfile.FAILPOINT_SAVE_SLEEP: "3"}}
-    job = launch.LocalJob.start(
-        training=_training(tmp_path), log_dir=tmp_path / "logs", task_env=slow_saves
-    )
-    jobs.append(job)
+    job = _start(jobs, training=_training(tmp_path), log_dir=tmp_path / "logs", task_env=slow_saves)
     _wait_for(lambda: len(checkpoint.committed(root)) >= 1, job, what="a first checkpoint")
     first = checkpoint.committed(root)[0].step
     _wait_for(
@@ -159,10 +160,7 @@ def test_a_ps_killed_while_writing_a_checkpoint_leaves_it_uncommitted(
 def test_a_corrupted_shard_file_is_named_and_the_previous_checkpoint_is_used(
     jobs: list[launch.LocalJob], tmp_path: Path
 ) -> None:
-    first = launch.LocalJob.start(
-        training=_training(tmp_path, steps=160), log_dir=tmp_path / "first"
-    )
-    jobs.append(first)
+    first = _start(jobs, training=_training(tmp_path, steps=160), log_dir=tmp_path / "first")
     _finish(first)
     manifests = checkpoint.committed(tmp_path / "ckpt")
     assert manifests[0].step == 160
@@ -171,10 +169,7 @@ def test_a_corrupted_shard_file_is_named_and_the_previous_checkpoint_is_used(
     data = bytearray(damaged.read_bytes())
     data[len(data) // 2] ^= 0xFF
     damaged.write_bytes(bytes(data))
-    second = launch.LocalJob.start(
-        training=_training(tmp_path, steps=220), log_dir=tmp_path / "second"
-    )
-    jobs.append(second)
+    second = _start(jobs, training=_training(tmp_path, steps=220), log_dir=tmp_path / "second")
     summary = _finish(second)
     assert summary["startedFrom"] == {"how": "restored", "step": previous.step}
     assert summary["step"] == 220
@@ -185,15 +180,9 @@ def test_a_corrupted_shard_file_is_named_and_the_previous_checkpoint_is_used(
 def test_a_checkpoint_of_another_placement_is_refused_with_a_clear_error(
     jobs: list[launch.LocalJob], tmp_path: Path
 ) -> None:
-    first = launch.LocalJob.start(
-        training=_training(tmp_path, steps=60), log_dir=tmp_path / "first"
-    )
-    jobs.append(first)
+    first = _start(jobs, training=_training(tmp_path, steps=60), log_dir=tmp_path / "first")
     _finish(first)
-    second = launch.LocalJob.start(
-        training=_training(tmp_path, steps=80), log_dir=tmp_path / "second", ps=1
-    )
-    jobs.append(second)
+    second = _start(jobs, training=_training(tmp_path, steps=80), log_dir=tmp_path / "second", ps=1)
     codes = second.wait(timeout=120)
     assert codes["worker-0"] == 1, second.logs()
     assert (
@@ -205,10 +194,7 @@ def test_tasks_started_in_reverse_order_still_train(
     jobs: list[launch.LocalJob], tmp_path: Path
 ) -> None:
     training = {**_training(tmp_path, steps=200), "checkpoint": {}}
-    job = launch.LocalJob.start(
-        training=training, log_dir=tmp_path / "logs", order=["worker-1", "worker-0"]
-    )
-    jobs.append(job)
+    job = _start(jobs, training=training, log_dir=tmp_path / "logs", order=["worker-1", "worker-0"])
     chief_log = tmp_path / "logs" / "worker-0.log"
     _wait_for(
         lambda: chief_log.exists() and "waiting for 2 ps" in chief_log.read_text(),
@@ -226,10 +212,9 @@ def test_a_ps_that_never_comes_is_reported_by_name_when_the_startup_timeout_ends
     jobs: list[launch.LocalJob], tmp_path: Path
 ) -> None:
     training = {**_training(tmp_path, steps=10), "startupTimeoutSeconds": 3, "checkpoint": {}}
-    job = launch.LocalJob.start(
-        training=training, log_dir=tmp_path / "logs", workers=1, order=["ps-0", "worker-0"]
+    job = _start(
+        jobs, training=training, log_dir=tmp_path / "logs", workers=1, order=["ps-0", "worker-0"]
     )
-    jobs.append(job)
     codes = {name: job.processes[name].wait(timeout=120) for name in ("worker-0",)}
     assert codes == {"worker-0": 1}
     log = (tmp_path / "logs" / "worker-0.log").read_text()
