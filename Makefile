@@ -6,11 +6,13 @@ PYTHON_SYSTEM ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TF_VENV := .venv-tf
+TF_STAMP := $(TF_VENV)/.installed
 export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)/operator
 # JAX on this machine is CPU only; keep its start-up quiet and its threads bounded.
 export JAX_PLATFORMS ?= cpu
 
-.PHONY: help install run test test-unit test-process test-cluster lint format verify protos bench clean \
+.PHONY: help install run test test-unit test-process test-cluster lint format verify protos bench bench-tf clean \
 	control-plane cluster-up cluster-down
 
 help: ## List the targets
@@ -62,6 +64,16 @@ verify: lint ## Lint, types, import contracts and the generated-stubs drift chec
 	  diff -r -x __pycache__ $$tmp/jaxps runtime/jaxps && rm -rf $$tmp && \
 	  echo "generated stubs match protos/" || { echo "stubs drifted: run 'make protos' and commit"; exit 1; }
 
+$(TF_STAMP): bench/tf/requirements.txt
+	@$(PYTHON_SYSTEM) -c 'import venv, ensurepip' 2>/dev/null || hack/apt-install.sh python3-venv
+	$(PYTHON_SYSTEM) -m venv $(TF_VENV)
+	$(TF_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(TF_VENV)/bin/python -m pip install --quiet -r bench/tf/requirements.txt
+	@touch $@
+
+bench-tf: install $(TF_STAMP) ## jaxps vs TensorFlow's own ps runtime, same work (JSON lines; TF in .venv-tf)
+	$(PY) bench/vs_tensorflow.py --tf-python $(TF_VENV)/bin/python
+
 control-plane: ## Build kube-apiserver, controller-manager, scheduler, kubectl, etcd and helm once (cached outside the repo)
 	hack/control-plane.sh build
 
@@ -79,4 +91,4 @@ bench: install control-plane ## Run the benchmarks (JSON lines on stdout)
 	$(PY) bench/operator.py
 
 clean: ## Remove the virtualenv and caches
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(TF_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -33,7 +33,7 @@ from jaxps_runtime.config import TrainingConfig
 from jaxps_runtime.coordinator import CoordinatorServicer, Membership
 from jaxps_runtime.shards import Mode
 from jaxps_runtime.task import Task
-from jaxps_runtime.worker import Worker
+from jaxps_runtime.worker import SPAN_KEYS, Worker, overlap_steps_per_second
 
 log = logging.getLogger(__name__)
 TERMINATION_LOG = Path("/dev/termination-log")
@@ -385,6 +385,7 @@ class Chief:
         self._summary(step=step, evaluation=evaluation)
 
     def _summary(self, *, step: int, evaluation: dict[str, float]) -> None:
+        first_t, first, last_t, last = SPAN_KEYS
         members = [m for m in self.membership.members() if m.task in self.task.worker_names]
         timing = (
             {
@@ -394,6 +395,11 @@ class Chief:
             if members
             else {}
         )
+        spans = [
+            (m.metrics[first_t], m.metrics[first], m.metrics[last_t], m.metrics[last])
+            for m in members
+            if all(k in m.metrics for k in SPAN_KEYS)
+        ]
         summary: dict[str, Any] = {
             "event": "done",
             "step": step,
@@ -401,6 +407,7 @@ class Chief:
             "eval": {k: _number(v) for k, v in evaluation.items()},
             "seconds": round(time.monotonic() - self.started, 3),
             "examplesPerSecond": round(sum(m.examples_per_second for m in members), 1),
+            "stepsPerSecond": round(overlap_steps_per_second(spans), 2),
             "stepSeconds": {k: round(v, 6) for k, v in timing.items()},
             "startedFrom": self.started_from,
             "lastCheckpointStep": self.checkpointer.last_step,

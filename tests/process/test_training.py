@@ -52,6 +52,7 @@ def test_sync_mlp_on_digits_reaches_95_percent_and_every_process_exits_0(
     assert summary["step"] == 300
     assert summary["eval"]["accuracy"] >= 0.95
     assert set(summary["stepSeconds"]) == {"pull", "compute", "push"}
+    assert summary["stepsPerSecond"] > 0
 
 
 def _reference_sync(training: config.TrainingConfig, *, workers: int) -> dict[str, np.ndarray]:

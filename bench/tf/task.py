@@ -1,0 +1,188 @@
+"""One task of TensorFlow's own parameter-server training, for bench/vs_tensorflow.py.
+
+Runs in the TensorFlow virtual environment (`make bench-tf` builds it), never in jaxps's. It is
+TF1-style between-graph replication exactly as TensorFlow's distributed guide shows it
+(`tf.compat.v1`): a `tf.train.Server` per task; ps tasks `join()`; each worker builds the whole
+graph under `replica_device_setter`, trains with `AdagradOptimizer` (wrapped in
+`SyncReplicasOptimizer` in sync mode) inside a `MonitoredTrainingSession` with a `StopAtStepHook`,
+and feeds its batches with `feed_dict`. Worker 0 is the chief; it evaluates the final parameters.
+
+    python bench/tf/task.py --cluster JSON --job worker --index 0 --case JSON --data D --out R
+
+The data file holds the very batches jaxps reads (`x`/`ids`, `y`, `test_*`, and `order`: per
+worker, per local step, the rows of its batch), so both systems train on the same examples.
+A worker writes its span to `--out` as jaxps's workers report theirs: the wall time and global
+step at the end of its first (warm-up) step and of its last step; the chief adds its test
+accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+import tensorflow as tf
+
+v1 = tf.compat.v1
+
+
+def glorot(name: str, shape: list[int]) -> Any:
+    return v1.get_variable(name, shape, initializer=v1.glorot_uniform_initializer())
+
+
+def zeros(name: str, shape: list[int]) -> Any:
+    return v1.get_variable(name, shape, initializer=v1.zeros_initializer())
+
+
+def mlp(case: dict[str, Any], inputs: dict[str, Any]) -> tuple[Any, Any]:
+    """jaxps's `mlp`: relu hidden layers, then logits; glorot-uniform kernels, zero biases."""
+    widths = [64, *case["hidden"], 10]
+    x = inputs["x"]
+    names = [f"hidden_{i}" for i in range(len(case["hidden"]))] + ["output"]
+    for i, name in enumerate(names):
+        with v1.variable_scope(name):
+            x = x @ glorot("kernel", widths[i : i + 2]) + zeros("bias", [widths[i + 1]])
+        if name != "output":
+            x = tf.nn.relu(x)
+    labels = inputs["y"]
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=x))
+    accuracy = tf.reduce_mean(
+        tf.cast(tf.equal(tf.argmax(x, -1, output_type=tf.int32), labels), tf.float32)
+    )
+    return loss, accuracy
+
+
+def embedding(case: dict[str, Any], inputs: dict[str, Any]) -> tuple[Any, Any]:
+    """jaxps's `embedding`: the mean embedding of an example's ids into one logit. The table is
+    partitioned over the ps tasks by rows (`fixed_size_partitioner`) and read by
+    `embedding_lookup`, so a step moves only the rows it uses (IndexedSlices gradients)."""
+    table = v1.get_variable(
+        "embedding",
+        [case["rows"], case["dim"]],
+        initializer=v1.random_normal_initializer(stddev=0.01),
+        partitioner=v1.fixed_size_partitioner(case["ps"]),
+    )
+    pooled = tf.reduce_mean(tf.nn.embedding_lookup(table, inputs["ids"]), axis=1)
+    with v1.variable_scope("dense"):
+        logits = (pooled @ glorot("kernel", [case["dim"], 1]) + zeros("bias", [1]))[:, 0]
+    labels = inputs["y"]
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+    accuracy = tf.reduce_mean(tf.cast(tf.equal(logits > 0, labels > 0.5), tf.float32))
+    return loss, accuracy
+
+
+class Evaluate(v1.train.SessionRunHook):
+    """The chief's test accuracy on the final parameters, as the session ends."""
+
+    def __init__(self, accuracy: Any, feed: dict[Any, np.ndarray]) -> None:
+        self.accuracy = accuracy
+        self.feed = feed
+        self.value: float | None = None
+
+    def end(self, session: Any) -> None:
+        self.value = float(session.run(self.accuracy, feed_dict=self.feed))
+
+
+def barrier(directory: Path, index: int, workers: int, *, timeout: float = 600.0) -> None:
+    """Waits until every worker has its session, so the workers train side by side.
+
+    Without it an async chief may train alone for a while: a non-chief that finds the chief's
+    variables not initialised yet sleeps 30 s before it looks again (TensorFlow's
+    SessionManager), which the driver's `job_seconds` still shows.
+    """
+    (directory / f"ready-{index}").touch()
+    deadline = time.monotonic() + timeout
+    while not all((directory / f"ready-{i}").exists() for i in range(workers)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"worker {index}: the other workers had no session in {timeout} s")
+        time.sleep(0.01)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cluster", required=True, help="cluster spec as JSON")
+    parser.add_argument("--job", choices=["ps", "worker"], required=True)
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--case", required=True, help="the workload as JSON")
+    parser.add_argument("--data", type=Path)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    spec = json.loads(args.cluster)
+    case = json.loads(args.case)
+    v1.disable_eager_execution()
+    tf.get_logger().setLevel("INFO")
+    cluster = tf.train.ClusterSpec(spec)
+    # The guide's device filters: a worker talks to the ps tasks and itself, not to its peers.
+    config = v1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{args.index}"])
+    server = v1.train.Server(cluster, job_name=args.job, task_index=args.index, config=config)
+    if args.job == "ps":
+        server.join()  # TensorFlow's ps never returns: the driver stops it (research pitfall 1)
+        return
+
+    data = np.load(args.data)
+    is_chief = args.index == 0
+    workers = len(spec["worker"])
+    device = v1.train.replica_device_setter(
+        worker_device=f"/job:worker/task:{args.index}", cluster=cluster
+    )
+    with v1.device(device):
+        global_step = v1.train.get_or_create_global_step()
+        feature = "ids" if case["model"] == "embedding" else "x"
+        inputs = {
+            feature: v1.placeholder(
+                tf.as_dtype(data[feature].dtype), [None, *data[feature].shape[1:]]
+            ),
+            "y": v1.placeholder(tf.as_dtype(data["y"].dtype), [None]),
+        }
+        loss, accuracy = (embedding if case["model"] == "embedding" else mlp)(case, inputs)
+        optimizer = v1.train.AdagradOptimizer(
+            case["learning_rate"], initial_accumulator_value=case["initial_accumulator_value"]
+        )
+        hooks: list[Any] = [v1.train.StopAtStepHook(last_step=case["steps"])]
+        if case["mode"] == "sync":
+            optimizer = v1.train.SyncReplicasOptimizer(
+                optimizer, replicas_to_aggregate=workers, total_num_replicas=workers
+            )
+            hooks.append(optimizer.make_session_run_hook(is_chief))
+        train_op = optimizer.minimize(loss, global_step=global_step)
+
+    evaluate = Evaluate(
+        accuracy, {inputs[feature]: data[f"test_{feature}"], inputs["y"]: data["test_y"]}
+    )
+    order = data["order"][args.index]
+    local = 0
+    span: list[float] = []
+    with v1.train.MonitoredTrainingSession(
+        master=server.target,
+        is_chief=is_chief,
+        hooks=hooks,
+        chief_only_hooks=[evaluate],
+        config=config,
+        save_checkpoint_secs=None,
+        save_summaries_steps=None,
+        save_summaries_secs=None,
+        log_step_count_steps=None,
+    ) as session:
+        barrier(args.out.parent, args.index, workers)
+        while not session.should_stop():
+            rows = order[local % len(order)]
+            feed = {inputs[feature]: data[feature][rows], inputs["y"]: data["y"][rows]}
+            _, step = session.run([train_op, global_step], feed_dict=feed)
+            local += 1
+            now = time.time()
+            if local == 1:  # the first step builds and places everything: leave it out
+                span = [now, float(step), now, float(step)]
+            span[2:] = [now, float(step)]
+    result = {"steps": local, "span": span, "accuracy": evaluate.value}
+    args.out.write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

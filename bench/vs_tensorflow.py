@@ -1,0 +1,271 @@
+"""jaxps against TensorFlow's own parameter-server runtime: the same work, same run, same machine.
+
+Every case runs on 2 ps + 2 workers on 127.0.0.1 with worker 0 as chief, both ways, alternating
+(TensorFlow, jaxps, TensorFlow, jaxps, ...) `--rounds` times. Both sides train the same model
+(same architecture and initialisation scheme), with Adagrad as TensorFlow's distributed example
+(`initial_accumulator_value=0.1`; optax's `eps=0` makes it TF1's ApplyAdagrad), the same batch
+size and number of global steps, on the very same batches (this script writes them to a file
+the TensorFlow tasks read). TensorFlow runs TF1-style between-graph replication with
+`tf.compat.v1` (bench/tf/task.py); jaxps runs `LocalJob`, as `jaxps local` does.
+
+Cases: `mlp` on digits in sync and async mode, and `embedding` (a 200,000-row table partitioned
+over both ps, read sparsely) in async mode. Per case it prints (one JSON object per line):
+- `steps_per_second`: the median global steps per second while every worker trained (from the
+  end of each worker's first step, which compiles or places the graph, to the first worker's
+  last step; jaxps's chief reports it as `stepsPerSecond`); `ratio` = jaxps / TensorFlow.
+- `test_accuracy`: the median final test accuracy, so speed is compared at equal quality.
+- `job_seconds`: the median wall time from starting the processes to the last worker's exit.
+
+    make bench-tf       (builds .venv-tf with the pinned tensorflow-cpu, then runs this)
+    python bench/vs_tensorflow.py --tf-python .venv-tf/bin/python [--rounds 3] [--cases mlp-sync]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
+
+import numpy as np
+import results
+
+from jaxps_runtime import config, launch, models
+from jaxps_runtime.worker import overlap_steps_per_second
+
+BENCH = "vs_tensorflow"
+HERE = Path(__file__).resolve().parent
+PS, WORKERS = 2, 2
+CASES: dict[str, dict[str, Any]] = {
+    "mlp-sync": {
+        "model": {"name": "mlp", "kwargs": {"hidden": [64]}},
+        "dataset": {"name": "digits"},
+        "mode": "sync",
+        "steps": 600,
+        "batchSize": 32,
+        "learning_rate": 0.1,
+    },
+    "mlp-async": {
+        "model": {"name": "mlp", "kwargs": {"hidden": [64]}},
+        "dataset": {"name": "digits"},
+        "mode": "async",
+        "steps": 1200,
+        "batchSize": 32,
+        "learning_rate": 0.1,
+    },
+    "embedding-async": {
+        "model": {"name": "embedding", "kwargs": {"rows": 200_000, "dim": 16}},
+        "dataset": {"name": "sparse"},
+        "mode": "async",
+        "steps": 1200,
+        "batchSize": 64,
+        "learning_rate": 0.5,
+    },
+}
+INITIAL_ACCUMULATOR = 0.1
+
+
+def jaxps_training(case: dict[str, Any]) -> dict[str, Any]:
+    """The TrainingJob `spec.training` of a case."""
+    return {
+        "model": case["model"],
+        "dataset": case["dataset"],
+        "mode": case["mode"],
+        "steps": case["steps"],
+        "batchSize": case["batchSize"],
+        "optimizer": {
+            "name": "adagrad",
+            "kwargs": {
+                "learning_rate": case["learning_rate"],
+                "initial_accumulator_value": INITIAL_ACCUMULATOR,
+                "eps": 0.0,
+            },
+        },
+        "logEverySeconds": 30,
+    }
+
+
+def tf_case(case: dict[str, Any]) -> dict[str, Any]:
+    """What bench/tf/task.py needs to build the same model and training."""
+    kwargs = case["model"]["kwargs"]
+    return {
+        "model": case["model"]["name"],
+        "hidden": kwargs.get("hidden", []),
+        "rows": kwargs.get("rows", 0),
+        "dim": kwargs.get("dim", 0),
+        "ps": PS,
+        "mode": case["mode"],
+        "steps": case["steps"],
+        "learning_rate": case["learning_rate"],
+        "initial_accumulator_value": INITIAL_ACCUMULATOR,
+    }
+
+
+def write_batches(case: dict[str, Any], path: Path) -> None:
+    """The dataset and, per worker and local step, the rows jaxps's worker reads then."""
+    training = config.parse(jaxps_training(case))
+    data = models.build_dataset(
+        name=training.dataset.name, kwargs=training.dataset.kwargs, seed=training.seed
+    )
+    assert isinstance(data, models.ArrayDataset)
+    order = np.stack(
+        [
+            np.stack(
+                [
+                    data.train_indices(
+                        worker=w, num_workers=WORKERS, step=s, batch_size=training.batchSize
+                    )
+                    for s in range(training.steps)  # async: a worker may do all the steps
+                ]
+            )
+            for w in range(WORKERS)
+        ]
+    )
+    train, test = data._train, data.test()
+    np.savez(path, order=order, **train, **{f"test_{k}": v for k, v in test.items()})
+
+
+def run_tensorflow(python: str, case: dict[str, Any], data: Path, work: Path) -> dict[str, Any]:
+    work.mkdir(parents=True)
+    ports = launch.free_ports(PS + WORKERS)
+    spec = {
+        "ps": [f"127.0.0.1:{p}" for p in ports[:PS]],
+        "worker": [f"127.0.0.1:{p}" for p in ports[PS:]],
+    }
+    started = time.monotonic()
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for job, count in (("ps", PS), ("worker", WORKERS)):
+            for i in range(count):
+                name = f"{job}-{i}"
+                with open(work / f"tf-{name}.log", "wb") as log:
+                    procs[name] = subprocess.Popen(
+                        [
+                            python,
+                            str(HERE / "tf" / "task.py"),
+                            f"--cluster={json.dumps(spec)}",
+                            f"--job={job}",
+                            f"--index={i}",
+                            f"--case={json.dumps(tf_case(case))}",
+                            f"--data={data}",
+                            f"--out={work / f'tf-{name}.json'}",
+                        ],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+        for i in range(WORKERS):
+            code = procs[f"worker-{i}"].wait(timeout=900)
+            if code != 0:
+                log_text = (work / f"tf-worker-{i}.log").read_text()[-3000:]
+                raise RuntimeError(f"TensorFlow worker {i} exited with {code}:\n{log_text}")
+        seconds = time.monotonic() - started
+    finally:
+        for proc in procs.values():  # the ps tasks never exit on their own
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    reports = [json.loads((work / f"tf-worker-{i}.json").read_text()) for i in range(WORKERS)]
+    return {
+        "steps_per_second": overlap_steps_per_second([tuple(r["span"]) for r in reports]),
+        "accuracy": reports[0]["accuracy"],
+        "job_seconds": seconds,
+    }
+
+
+def run_jaxps(case: dict[str, Any], work: Path) -> dict[str, Any]:
+    started = time.monotonic()
+    job = launch.LocalJob.start(
+        training=jaxps_training(case), log_dir=work, ps=PS, workers=WORKERS
+    )
+    try:
+        codes = job.wait(timeout=900)
+        seconds = time.monotonic() - started
+        if any(code != 0 for code in codes.values()):
+            raise RuntimeError(f"jaxps job failed: {codes}\n{job.logs()}")
+        summary = job.summary()
+    finally:
+        job.stop()
+    return {
+        "steps_per_second": float(summary["stepsPerSecond"]),
+        "accuracy": float(summary["eval"]["accuracy"]),
+        "job_seconds": seconds,
+        "step_split_ms": {k: v * 1e3 for k, v in summary["stepSeconds"].items()},
+    }
+
+
+def median(runs: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(float(run[key]) for run in runs)
+
+
+def tf_version(python: str) -> str:
+    out = subprocess.run(
+        [python, "-c", "import tensorflow as tf; print(tf.__version__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={"TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tf-python", required=True, help="python of the TensorFlow venv")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each system per case")
+    parser.add_argument("--cases", nargs="*", choices=sorted(CASES), default=list(CASES))
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds: got {args.rounds}; expected 1 or more")
+    baseline = f"tensorflow-{tf_version(args.tf_python)}-tf1-ps"
+    for name in args.cases:
+        case = CASES[name]
+        runs: dict[str, list[dict[str, Any]]] = {"tf": [], "jaxps": []}
+        with tempfile.TemporaryDirectory(prefix="jaxps-vs-tf-") as tmp:
+            work = Path(tmp)
+            data = work / "batches.npz"
+            write_batches(case, data)
+            for r in range(args.rounds):
+                runs["tf"].append(run_tensorflow(args.tf_python, case, data, work / f"tf-{r}"))
+                runs["jaxps"].append(run_jaxps(case, work / f"jaxps-{r}"))
+                print(
+                    f"{name} round {r + 1}/{args.rounds}: "
+                    f"tf {runs['tf'][-1]['steps_per_second']:.1f} steps/s, "
+                    f"jaxps {runs['jaxps'][-1]['steps_per_second']:.1f} steps/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+        for metric, unit, lower in (
+            ("steps_per_second", "steps/s", False),
+            ("accuracy", "", False),
+            ("job_seconds", "s", True),
+        ):
+            results.emit(
+                BENCH,
+                name,
+                metric=metric if metric != "accuracy" else "test_accuracy",
+                value=median(runs["jaxps"], metric),
+                unit=unit,
+                baseline=baseline,
+                baseline_value=median(runs["tf"], metric),
+                lower_is_better=lower,
+            )
+        for phase in ("pull", "compute", "push"):
+            results.emit(
+                BENCH,
+                name,
+                metric=f"jaxps_{phase}_ms_per_step",
+                value=statistics.median(run["step_split_ms"][phase] for run in runs["jaxps"]),
+                unit="ms",
+            )
+
+
+if __name__ == "__main__":
+    main()
