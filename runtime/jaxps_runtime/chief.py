@@ -156,6 +156,7 @@ class Chief:
         self.started = time.monotonic()
         self.checkpointer = Checkpointer(task)
         self.recoveries: list[dict[str, Any]] = []
+        self.checkpoint_error: str | None = None
         self.started_from: dict[str, Any] = {}
         self.last_checkpoint: int | None = None
 
@@ -181,13 +182,25 @@ class Chief:
                 if worker_result != [0]:
                     code = code or 1
             if code == 0:
-                self._finish(client)
+                try:
+                    self._finish(client)
+                except BaseException:
+                    self._shutdown(client, reason="the chief failed while finishing")
+                    raise
             else:
-                client.shutdown(reason="the chief failed")
+                self._shutdown(client, reason="the chief failed")
             return code
         finally:
             client.close()
             self._server.stop(2).wait()
+
+    @staticmethod
+    def _shutdown(client: PsClient, *, reason: str) -> None:
+        """Best effort on the way out after a failure: no ps is left behind if it answers."""
+        try:
+            client.shutdown(reason=reason)
+        except PsClientError as err:
+            log.warning("could not shut every ps down: %s", err)
 
     def _train(self) -> int:
         try:
@@ -372,9 +385,19 @@ class Chief:
         step, named = client.pull()
         if self.checkpointer.root is not None:
             # The final checkpoint, after the workers drained (TF#32549: not before).
-            self.checkpointer.save(
-                client, step=step, epoch=client.epoch, cursors=self.membership.cursors()
-            )
+            try:
+                self.checkpointer.save(
+                    client, step=step, epoch=client.epoch, cursors=self.membership.cursors()
+                )
+            except (PsClientError, OSError, checkpoint.CheckpointError) as err:
+                # The trained values are in hand: they are still evaluated, exported and
+                # reported; only the checkpoint to resume from is the previous one.
+                self.checkpoint_error = f"the final checkpoint (step {step}) failed: {err}"
+                log.error(
+                    "%s; the last committed checkpoint is step %s",
+                    self.checkpoint_error,
+                    self.checkpointer.last_step,
+                )
         if evaluator is not None and evaluator.done and evaluator.metrics:
             evaluation = dict(evaluator.metrics)
         else:
@@ -411,6 +434,7 @@ class Chief:
             "stepSeconds": {k: round(v, 6) for k, v in timing.items()},
             "startedFrom": self.started_from,
             "lastCheckpointStep": self.checkpointer.last_step,
+            "checkpointError": self.checkpoint_error,
             "recoveries": self.recoveries,
         }
         log.info("done: step %d, eval %s", step, summary["eval"])

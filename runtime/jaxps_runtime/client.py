@@ -11,6 +11,7 @@ executor and the incarnations the client has seen). Use one client per thread of
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -24,7 +25,7 @@ import numpy as np
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import optim, rpc, streams
+from jaxps_runtime import codec, optim, rpc, streams
 from jaxps_runtime.placement import Layout, Placement, Shard, named_leaves
 from jaxps_runtime.shards import Mode
 
@@ -307,10 +308,12 @@ class PsClient:
         self._each(one)
 
     def shutdown(self, *, reason: str) -> None:
-        """Asks every ps to exit 0; a ps that is already gone counts as done."""
+        """Asks every ps to exit 0; a ps that is already gone counts as done. A ps that
+        restarted meanwhile is told too (the request names no incarnation): the job is over."""
 
         def one(ps: int) -> None:
-            request = ps_pb2.ShutdownRequest(id=self.identity(ps), reason=reason)
+            caller = tensor_pb2.Identity(job_id=self.job_id, task=self.task)
+            request = ps_pb2.ShutdownRequest(id=caller, reason=reason)
             try:
                 self._call(ps, "Shutdown", lambda: self._calls[ps]["Shutdown"](request, timeout=10))
             except PsClientError as err:
@@ -395,6 +398,129 @@ class PsClient:
             return reply
 
         return self._each(one)
+
+    def packs(self, variables: Collection[str]) -> bool:
+        """Whether `variables` fit one frame per ps, so `push_pull` can carry a whole step."""
+        return all(
+            sum(s.nbytes for s in shards if s.variable.name in variables) <= self._chunk_bytes
+            for shards in self._shards
+        )
+
+    def push_pull(
+        self,
+        grads: Mapping[str, Any],
+        *,
+        step: int,
+        min_step: int,
+        into: Mapping[str, np.ndarray] | None = None,
+        variables: Collection[str] | None = None,
+        push_id: str | None = None,
+    ) -> tuple[int, dict[str, np.ndarray], list[ps_pb2.PushReply]]:
+        """`push` then `pull(min_step=...)` of the same variables, in one round trip per ps.
+
+        Only for variables that fit one frame per ps (`packs`). The calls to every ps are in
+        flight at once without a thread each; a transient failure is retried with the same
+        push_id, so a push is applied once. Returns (the lowest step among the ps tasks, the
+        values, one PushReply per ps).
+        """
+        arrays = self._named_arrays(grads, what="gradients", variables=variables)
+        out = self._outputs(into, variables)
+        push_id = push_id or uuid.uuid4().hex
+        calls = []
+        for ps, held in enumerate(self._shards):
+            shards = [s for s in held if s.variable.name in arrays]
+            header = tensor_pb2.FrameHeader(
+                id=self.identity(ps),
+                step=step,
+                push_id=push_id,
+                min_step=min_step,
+                tensors=[self._spec(s) for s in shards],
+            )
+            calls.append((shards, streams.pack(header, self._buffers(arrays, shards))))
+        replies = self._packed_calls("PushPull", calls, out)
+        return min(r.step for r in replies), out, replies
+
+    def pull_packed(
+        self,
+        *,
+        min_step: int = 0,
+        into: Mapping[str, np.ndarray] | None = None,
+        variables: Collection[str] | None = None,
+    ) -> tuple[int, dict[str, np.ndarray]]:
+        """`pull` in one message per ps, for variables that fit one frame per ps (`packs`)."""
+        out = self._outputs(into, variables)
+        calls = []
+        for ps, held in enumerate(self._shards):
+            shards = [s for s in held if s.variable.name in out]
+            request = ps_pb2.PullRequest(
+                id=self.identity(ps), names=[s.name for s in shards], min_step=min_step
+            )
+            calls.append((shards, request))
+        replies = self._packed_calls("PullPacked", calls, out)
+        return min(r.step for r in replies), out
+
+    def _packed_calls(
+        self, method: str, calls: Sequence[tuple[list[Shard], Any]], out: Mapping[str, np.ndarray]
+    ) -> list[ps_pb2.PushReply]:
+        """Runs a unary packed call on every ps at once (grpc futures, no thread each) and
+        unpacks the replies into `out`. A transient failure is retried with the same request
+        (a push keeps its push_id, so it is applied once); the first other failure is raised
+        once every call has finished."""
+        futures = []
+        for ps, (_, request) in enumerate(calls):
+            unary: Any = self._calls[ps][method]
+            futures.append(unary.future(request))
+        replies: list[ps_pb2.PushReply] = []
+        failure: PsClientError | None = None
+        for ps, ((shards, request), future) in enumerate(zip(calls, futures, strict=True)):
+            try:
+                try:
+                    raw = self._call(ps, method, future.result)
+                except PsClientError as err:
+                    if err.code not in TRANSIENT:
+                        raise
+                    raw = self._retrying(ps, functools.partial(self._once, ps, method, request))
+                replies.append(self._unpack(ps, raw, shards, out, method=method))
+            except PsClientError as err:
+                failure = failure or err  # the others still finish: none stays in flight
+        if failure is not None:
+            raise failure
+        return replies
+
+    def _once(self, ps: int, method: str, request: Any) -> bytes:
+        raw: bytes = self._call(ps, method, lambda: self._calls[ps][method](request))
+        return raw
+
+    def _unpack(
+        self,
+        ps: int,
+        raw: bytes,
+        shards: Sequence[Shard],
+        out: Mapping[str, np.ndarray],
+        *,
+        method: str,
+    ) -> ps_pb2.PushReply:
+        """Copies a packed reply's values into `out`; returns its push outcome (PushPull)."""
+        try:
+            decoded = codec.decode(raw)
+            header = decoded.frame.header
+            self._seen(ps, header.id)
+            specs = [self._stream_spec(s) for s in shards]
+            got = [(t.name, tuple(t.shape), t.dtype) for t in header.tensors]
+            want = [(s.name, s.shape, s.dtype.name) for s in specs]
+            if got != want:
+                raise streams.StreamError(f"{method}: ps sent {got}, asked for {want}")
+            views = streams.unpack(decoded.data, specs, where=f"{method} reply")
+        except (codec.CodecError, streams.StreamError) as err:
+            raise PsClientError(
+                ps=ps, address=self.addresses[ps], method=method, code=None, details=str(err)
+            ) from err
+        for shard, spec, view in zip(shards, specs, views, strict=True):
+            target = self._shard_view(out[shard.variable.name], shard)
+            np.copyto(target, np.frombuffer(view, dtype=spec.dtype).reshape(spec.shape))
+        return ps_pb2.PushReply(
+            id=header.id, accepted=header.accepted, step=header.step, reason=header.reason
+        )
 
     def pull_tree(self, layout: Layout, *, min_step: int = 0) -> tuple[int, Any]:
         step, named = self.pull(min_step=min_step)

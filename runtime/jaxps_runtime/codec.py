@@ -17,6 +17,7 @@ Pure functions, thread-safe.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from google.protobuf.message import DecodeError
@@ -68,10 +69,17 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
 
 def encode(frame: tensor_pb2.Frame, data: bytes | memoryview = b"") -> bytes:
     """Serializes `frame` with `data` as its payload (`frame.data` must be left empty)."""
+    return encode_parts(frame, (data,))
+
+
+def encode_parts(frame: tensor_pb2.Frame, parts: Sequence[bytes | memoryview]) -> bytes:
+    """Serializes `frame` with the concatenation of `parts` as its payload, copying each part
+    once (into the message bytes)."""
     prefix = frame.SerializeToString()
-    if not len(data):
+    size = sum(len(p) for p in parts)
+    if not size:
         return prefix
-    return b"".join((prefix, _DATA_KEY, _varint(len(data)), data))
+    return b"".join((prefix, _DATA_KEY, _varint(size), *parts))
 
 
 def decode(raw: bytes) -> Decoded:

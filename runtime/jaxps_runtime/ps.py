@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import optim, rpc, shardfile, streams
+from jaxps_runtime import codec, optim, rpc, shardfile, streams
 from jaxps_runtime.shards import STATE_NAMES, Mode, ParameterStore, PsError, PushResult
 
 log = logging.getLogger(__name__)
@@ -265,33 +265,85 @@ class ParameterServicer:
 
     @_guarded
     def Push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Any:
-        store = self.store
         header, first = streams.read_header(request_iterator)
-        store.check(header.id, method="Push")
-        specs = self._specs(header, where="Push")
-        helds = [store.matching(s, where="Push") for s in specs]
+        return self._push_reply(self._push(header, self._chunks(first, request_iterator)))
+
+    @_guarded
+    def PushPull(self, request: bytes, context: grpc.ServicerContext) -> Any:
+        store = self.store
+        try:
+            decoded = codec.decode(request)
+        except codec.CodecError as err:
+            raise streams.StreamError(f"PushPull: {err}") from err
+        if not decoded.frame.HasField("header"):
+            raise streams.StreamError("PushPull: the frame has no header")
+        header = decoded.frame.header
+        specs = self._specs(header, where="PushPull")
+        chunks = [
+            codec.Decoded(tensor_pb2.Frame(tensor=i), view)
+            for i, view in enumerate(streams.unpack(decoded.data, specs, where="PushPull"))
+        ]
+        result = self._push(header, iter(chunks), where="PushPull")
+        step, arrays, tensors = self._read(
+            header.id.task, [s.name for s in specs], min_step=header.min_step, context=context
+        )
+        reply = tensor_pb2.FrameHeader(
+            id=store.identity(),
+            step=step,
+            tensors=tensors,
+            accepted=result.accepted,
+            reason=result.reason,
+        )
+        return self._packed_reply(reply, arrays)
+
+    @_guarded
+    def PullPacked(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Any:
+        store = self.store
+        store.check(request.id, method="PullPacked")
+        step, arrays, tensors = self._read(
+            request.id.task, list(request.names), min_step=request.min_step, context=context
+        )
+        header = tensor_pb2.FrameHeader(id=store.identity(), step=step, tensors=tensors)
+        return self._packed_reply(header, arrays)
+
+    def _packed_reply(self, header: tensor_pb2.FrameHeader, arrays: list[np.ndarray]) -> bytes:
+        packed = streams.pack(header, (streams.byte_view(a) for a in arrays))
+        self.store.counters.add("bytes_out", len(packed))
+        self.store.counters.add("pulls")
+        return packed
+
+    def _push(
+        self,
+        header: tensor_pb2.FrameHeader,
+        chunks: Iterator[codec.Decoded],
+        *,
+        where: str = "Push",
+    ) -> PushResult:
+        """A dense push: sync counts it towards the step, async applies it shard by shard."""
+        store = self.store
+        store.check(header.id, method=where)
+        specs = self._specs(header, where=where)
+        helds = [store.matching(s, where=where) for s in specs]
         refusal = store.admit(step=header.step)
         if refusal is not None:
-            return self._push_reply(refusal)
+            return refusal
         by_name = {h.spec.name: h for h in helds}
         assembler = streams.Assembler(specs, allocate=lambda spec: by_name[spec.name].staging())
         if store.mode.kind == ps_pb2.SYNC:
-            for decoded in self._chunks(first, request_iterator):
+            for decoded in chunks:
                 assembler.add(decoded)
             store.counters.add("bytes_in", assembler.bytes)
-            self._require_complete(assembler, where="Push")
+            self._require_complete(assembler, where=where)
             grads = {
                 s.name: (h, assembler.array(i))
                 for i, (s, h) in enumerate(zip(specs, helds, strict=True))
             }
             contributor = header.id.task or header.push_id
-            return self._push_reply(
-                store.contribute(step=header.step, contributor=contributor, grads=grads)
-            )
+            return store.contribute(step=header.step, contributor=contributor, grads=grads)
         # Async and bounded staleness: each shard is updated as soon as its bytes are in.
         try:
             return self._push_async(
-                header, first, request_iterator, specs=specs, helds=helds, assembler=assembler
+                header, chunks, specs=specs, helds=helds, assembler=assembler, where=where
             )
         except BaseException:
             store.release()
@@ -300,17 +352,17 @@ class ParameterServicer:
     def _push_async(
         self,
         header: tensor_pb2.FrameHeader,
-        first: Any,
-        request_iterator: Iterator[bytes],
+        chunks: Iterator[codec.Decoded],
         *,
         specs: list[streams.Spec],
         helds: list[Any],
         assembler: streams.Assembler,
-    ) -> ps_pb2.PushReply:
+        where: str,
+    ) -> PushResult:
         store = self.store
         skip = store.already_applied(header.push_id)
         pending = []
-        for decoded in self._chunks(first, request_iterator):
+        for decoded in chunks:
             done = assembler.add(decoded)
             if done is not None and specs[done].name not in skip:
                 grad = assembler.array(done)
@@ -323,13 +375,11 @@ class ParameterServicer:
             store.counters.add("pushes_incomplete")
             raise PsError(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"Push: stream ended before {', '.join(missing)}; the complete shards were "
+                f"{where}: stream ended before {', '.join(missing)}; the complete shards were "
                 "applied, a retry with the same push_id applies the rest",
             )
-        return self._push_reply(
-            store.finish_push(
-                push_id=header.push_id, computed_at=header.step, contributor=header.id.task
-            )
+        return store.finish_push(
+            push_id=header.push_id, computed_at=header.step, contributor=header.id.task
         )
 
     def _push_reply(self, result: PushResult) -> ps_pb2.PushReply:
@@ -344,16 +394,23 @@ class ParameterServicer:
     def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Any:
         store = self.store
         store.check(request.id, method="Pull")
-        if request.min_step:
-            store.wait_for_step(request.min_step, is_active=context.is_active)
-        store.wait_for_slowest(request.id.task, is_active=context.is_active)
-        names = list(request.names)
-        step, values = store.snapshot(names)
-        arrays = [np.asarray(v) for _, v in values]
-        header = tensor_pb2.FrameHeader(
-            id=store.identity(), step=step, tensors=[s.to_proto() for s, _ in values]
+        step, arrays, tensors = self._read(
+            request.id.task, list(request.names), min_step=request.min_step, context=context
         )
+        header = tensor_pb2.FrameHeader(id=store.identity(), step=step, tensors=tensors)
         yield from self._send(header, arrays, counter="pulls")
+
+    def _read(
+        self, task: str, names: list[str], *, min_step: int, context: grpc.ServicerContext
+    ) -> tuple[int, list[np.ndarray], list[tensor_pb2.TensorSpec]]:
+        """The values of `names` once the step is at least `min_step` (and, with bounded
+        staleness, once `task` is no longer too far ahead): (step, arrays, their specs)."""
+        store = self.store
+        if min_step:
+            store.wait_for_step(min_step, is_active=context.is_active)
+        store.wait_for_slowest(task, is_active=context.is_active)
+        step, values = store.snapshot(names)
+        return step, [np.asarray(v) for _, v in values], [s.to_proto() for s, _ in values]
 
     # --- sparse -----------------------------------------------------------------------------
 

@@ -95,6 +95,25 @@ def frames(
         yield codec.encode(tensor_pb2.Frame(header=first))
 
 
+def pack(header: tensor_pb2.FrameHeader, buffers: Iterable[memoryview]) -> bytes:
+    """One frame carrying `header` and every buffer back to back (PushPull's packed form)."""
+    return codec.encode_parts(tensor_pb2.Frame(header=header), list(buffers))
+
+
+def unpack(data: memoryview, specs: Sequence[Spec], *, where: str) -> list[memoryview]:
+    """The bytes of each tensor in a packed frame's `data`; the sizes must add up exactly."""
+    need = sum(spec.nbytes for spec in specs)
+    if len(data) != need:
+        raise StreamError(
+            f"{where}: the frame carries {len(data)} bytes; its {len(specs)} tensors need {need}"
+        )
+    views, at = [], 0
+    for spec in specs:
+        views.append(data[at : at + spec.nbytes])
+        at += spec.nbytes
+    return views
+
+
 def read_header(raw_frames: Iterator[bytes]) -> tuple[tensor_pb2.FrameHeader, codec.Decoded]:
     """The header of a stream and its first frame (which may carry a chunk too)."""
     try:

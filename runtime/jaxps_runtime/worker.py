@@ -201,6 +201,8 @@ class Worker:
     def _loop(self) -> None:
         sync = self.task.training.mode == "sync"
         self._buffers: dict[str, np.ndarray] | None = None
+        self._pulled: int | None = None  # the step of _buffers when the last push brought them
+        self._packs = self.client.packs(self.task.dense_variables)
         min_step = 0
         while not self.stop.is_set():
             try:
@@ -210,6 +212,7 @@ class Worker:
                     raise
                 if not self._recover(err):
                     return
+                self._pulled = None
                 min_step = 0  # the ps tier may have rolled back: take whatever step it is at
             if min_step < 0:
                 return
@@ -241,9 +244,12 @@ class Worker:
         training, task = self.task.training, self.task
         dense = task.dense_variables
         started = time.perf_counter()
-        step, self._buffers = self.client.pull(
-            min_step=min_step, into=self._buffers, variables=dense
-        )
+        if self._pulled is None:
+            pull = self.client.pull_packed if self._packs else self.client.pull
+            step, self._buffers = pull(min_step=min_step, into=self._buffers, variables=dense)
+        else:
+            step, self._pulled = self._pulled, None
+        assert self._buffers is not None
         self.step = step
         task.metrics.global_step.set(step)
         if step >= training.steps:
@@ -263,7 +269,22 @@ class Worker:
         computed = time.perf_counter()
         if rows:
             self.client.sparse_push({v: (ids, named[v]) for v, ids in rows.items()}, step=step)
-        replies = self.client.push(named, step=step, variables=dense)
+        if self._packs:
+            # One message each way per ps. Sync: the push, then the values of the next step
+            # (exactly what the next pull would wait for). Async: the values are not kept; the
+            # next step reads them afresh at its start, as TensorFlow's workers do, because
+            # values read right after one's own push miss the other workers' pushes of the
+            # meantime (staler gradients; async Adam visibly oscillates).
+            next_step, self._buffers, replies = self.client.push_pull(
+                named,
+                step=step,
+                min_step=step + 1 if sync else 0,
+                into=self._buffers,
+                variables=dense,
+            )
+            self._pulled = next_step if sync else None
+        else:
+            replies = self.client.push(named, step=step, variables=dense)
         pushed = time.perf_counter()
         self.cursor += 1
         task.metrics.loss.set(self.loss)

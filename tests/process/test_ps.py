@@ -232,6 +232,77 @@ def test_pull_waits_for_a_minimum_step(two_ps: launch.LocalPs) -> None:
     chief.close()
 
 
+def test_push_pull_applies_the_push_then_returns_the_new_values(two_ps: launch.LocalPs) -> None:
+    tree = {"w": np.arange(6, dtype=np.float32), "b": np.zeros(3, np.float32)}
+    chief, params = _init(two_ps, tree, min_shard_bytes=8)
+    assert {s.ps for s in chief.placement.shards} == {0, 1}
+    assert chief.packs(list(params))
+    grads = {n: np.full(np.shape(v), 2, np.float32) for n, v in params.items()}
+    into = {n: np.full(np.shape(v), np.nan, np.float32) for n, v in params.items()}
+    step, pulled, replies = chief.push_pull(grads, step=0, min_step=0, into=into)
+    assert step == 1
+    assert [r.accepted for r in replies] == [True, True]
+    for name, value in params.items():
+        assert pulled[name] is into[name]  # written in place
+        assert np.array_equal(pulled[name], np.asarray(value) - 2), name
+    again = chief.push_pull(grads, step=0, min_step=0, push_id="twice")[0]
+    assert chief.push_pull(grads, step=0, min_step=0, push_id="twice")[0] == again == 2
+    assert np.array_equal(chief.pull()[1]["['w']"], np.arange(6, dtype=np.float32) - 4)
+    chief.close()
+
+
+def test_push_pull_in_sync_mode_replies_once_the_step_is_complete(
+    two_ps: launch.LocalPs,
+) -> None:
+    tree = {"w": np.zeros(4, np.float32)}
+    chief = _mode_init(two_ps, tree, Mode(kind=parameter_server_pb2.SYNC), ["w-0", "w-1"])
+    workers = [_worker(chief, f"w-{i}") for i in range(2)]
+    got: dict[str, Any] = {}
+    first = threading.Thread(
+        target=lambda: got.update(
+            zip(
+                ("step", "values", "replies"),
+                workers[0].push_pull({"['w']": np.ones(4, np.float32)}, step=0, min_step=1),
+                strict=True,
+            )
+        )
+    )
+    first.start()
+    first.join(timeout=1.0)
+    assert first.is_alive()  # one gradient of two: the step is not complete yet
+    step, values, _ = workers[1].push_pull({"['w']": np.full(4, 3, np.float32)}, step=0, min_step=1)
+    first.join(timeout=60)
+    assert step == got["step"] == 1
+    for pulled in (values, got["values"]):
+        assert np.array_equal(pulled["['w']"], np.full(4, -2, np.float32))  # the mean: 2
+    for c in [*workers, chief]:
+        c.close()
+
+
+def test_malformed_push_pulls_are_refused_and_change_nothing(two_ps: launch.LocalPs) -> None:
+    chief, _ = _init(two_ps, {"w": np.zeros(4, np.float32)})
+    shard = chief.placement.shards_of("['w']")[0]
+    spec = tensor_pb2.TensorSpec(name=shard.name, shape=[4], dtype="float32")
+    header = tensor_pb2.FrameHeader(id=chief.identity(shard.ps), tensors=[spec])
+    ok = np.ones(4, np.float32).tobytes()
+    cases = {
+        "no header": codec.encode(tensor_pb2.Frame(), ok),
+        "too few bytes": codec.encode(tensor_pb2.Frame(header=header), ok[:8]),
+        "too many bytes": codec.encode(tensor_pb2.Frame(header=header), ok + ok),
+        "garbage": b"\xff\xff\xff",
+    }
+    with rpc.channel(two_ps.addresses[shard.ps]) as channel:
+        push_pull = rpc.PARAMETER_SERVER.callables(channel)["PushPull"]
+        for name, request in cases.items():
+            with pytest.raises(grpc.RpcError) as caught:
+                push_pull(request, timeout=30)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
+            assert "PushPull" in (caught.value.details() or ""), name
+    _, pulled = chief.pull()
+    assert not pulled["['w']"].any()
+    chief.close()
+
+
 def _frames_stub_call(address: str, frames: list[bytes]) -> Any:
     with rpc.channel(address) as channel:
         push = rpc.PARAMETER_SERVER.callables(channel)["Push"]

@@ -135,7 +135,14 @@ def test_a_ps_killed_while_writing_a_checkpoint_leaves_it_uncommitted(
 ) -> None:
     root = tmp_path / "ckpt"
     slow_saves = {"ps-0": {shardfile.FAILPOINT_SAVE_SLEEP: "3"}}
-    job = _start(jobs, training=_training(tmp_path), log_dir=tmp_path / "logs", task_env=slow_saves)
+    # Long enough that the second checkpoint, 3 s after the first, is not the final one.
+    steps = 4000
+    job = _start(
+        jobs,
+        training=_training(tmp_path, steps=steps),
+        log_dir=tmp_path / "logs",
+        task_env=slow_saves,
+    )
     _wait_for(lambda: len(checkpoint.committed(root)) >= 1, job, what="a first checkpoint")
     first = checkpoint.committed(root)[0].step
     _wait_for(
@@ -154,7 +161,30 @@ def test_a_ps_killed_while_writing_a_checkpoint_leaves_it_uncommitted(
     summary = _finish(job)
     [recovery] = summary["recoveries"]
     assert recovery["toStep"] == first  # the previous committed checkpoint, not the broken one
-    assert summary["step"] == TRAINING["steps"]
+    assert summary["step"] == steps
+    assert summary["checkpointError"] is None
+
+
+def test_a_ps_killed_during_the_final_checkpoint_still_gives_the_trained_result(
+    jobs: list[launch.LocalJob], tmp_path: Path
+) -> None:
+    root = tmp_path / "ckpt"
+    steps = 200
+    training = _training(tmp_path, steps=steps, checkpoint={"dir": str(root), "everySteps": 10_000})
+    slow_saves = {"ps-0": {shardfile.FAILPOINT_SAVE_SLEEP: "3"}}
+    job = _start(jobs, training=training, log_dir=tmp_path / "logs", task_env=slow_saves)
+    final = root / f"step-{steps:09d}" / "ps-0.npz.tmp"
+    _wait_for(final.exists, job, what="ps-0 writing the final checkpoint")
+    job.processes["ps-0"].send_signal(signal.SIGKILL)
+    codes = job.wait(timeout=120)
+    assert codes.pop("ps-0") == -signal.SIGKILL
+    assert all(code == 0 for code in codes.values()), f"{codes}\n{job.logs()}"
+    summary = job.summary()
+    assert summary["step"] == steps
+    assert summary["eval"]["accuracy"] > 0.5  # evaluated from the values the chief pulled
+    assert f"final checkpoint (step {steps}) failed" in summary["checkpointError"]
+    assert summary["lastCheckpointStep"] is None
+    assert not checkpoint.committed(root)
 
 
 def test_a_corrupted_shard_file_is_named_and_the_previous_checkpoint_is_used(

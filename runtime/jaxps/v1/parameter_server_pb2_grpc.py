@@ -61,6 +61,16 @@ class ParameterServerStub:
                 request_serializer=jaxps_dot_v1_dot_parameter__server__pb2.PullRequest.SerializeToString,
                 response_deserializer=jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
                 _registered_method=True)
+        self.PushPull = channel.unary_unary(
+                '/jaxps.v1.ParameterServer/PushPull',
+                request_serializer=jaxps_dot_v1_dot_tensor__pb2.Frame.SerializeToString,
+                response_deserializer=jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
+                _registered_method=True)
+        self.PullPacked = channel.unary_unary(
+                '/jaxps.v1.ParameterServer/PullPacked',
+                request_serializer=jaxps_dot_v1_dot_parameter__server__pb2.PullRequest.SerializeToString,
+                response_deserializer=jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
+                _registered_method=True)
         self.SparsePull = channel.unary_stream(
                 '/jaxps.v1.ParameterServer/SparsePull',
                 request_serializer=jaxps_dot_v1_dot_parameter__server__pb2.SparsePullRequest.SerializeToString,
@@ -127,6 +137,24 @@ class ParameterServerServicer:
 
     def Pull(self, request, context):
         """Streams current values back, optionally after waiting for a minimum step.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushPull(self, request, context):
+        """One training step of a small model in one round trip: pushes a gradient (as Push), then
+        replies with the values of the same shards (as Pull, after header.min_step). Request and
+        reply are single Frames whose data holds every tensor of the header back to back, in
+        header order; a model whose shards on a ps exceed one chunk uses Push and Pull instead.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PullPacked(self, request, context):
+        """Pull in one message, for shards that fit one frame per ps: the reply's data holds every
+        tensor of its header back to back (the packed form of PushPull's reply).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -199,6 +227,16 @@ def add_ParameterServerServicer_to_server(servicer, server):
             ),
             'Pull': grpc.unary_stream_rpc_method_handler(
                     servicer.Pull,
+                    request_deserializer=jaxps_dot_v1_dot_parameter__server__pb2.PullRequest.FromString,
+                    response_serializer=jaxps_dot_v1_dot_tensor__pb2.Frame.SerializeToString,
+            ),
+            'PushPull': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushPull,
+                    request_deserializer=jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
+                    response_serializer=jaxps_dot_v1_dot_tensor__pb2.Frame.SerializeToString,
+            ),
+            'PullPacked': grpc.unary_unary_rpc_method_handler(
+                    servicer.PullPacked,
                     request_deserializer=jaxps_dot_v1_dot_parameter__server__pb2.PullRequest.FromString,
                     response_serializer=jaxps_dot_v1_dot_tensor__pb2.Frame.SerializeToString,
             ),
@@ -367,6 +405,60 @@ class ParameterServer:
             request,
             target,
             '/jaxps.v1.ParameterServer/Pull',
+            jaxps_dot_v1_dot_parameter__server__pb2.PullRequest.SerializeToString,
+            jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushPull(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jaxps.v1.ParameterServer/PushPull',
+            jaxps_dot_v1_dot_tensor__pb2.Frame.SerializeToString,
+            jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullPacked(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jaxps.v1.ParameterServer/PullPacked',
             jaxps_dot_v1_dot_parameter__server__pb2.PullRequest.SerializeToString,
             jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
             options,
