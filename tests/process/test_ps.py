@@ -247,7 +247,12 @@ def test_push_pull_applies_the_push_then_returns_the_new_values(two_ps: launch.L
         assert np.array_equal(pulled[name], np.asarray(value) - 2), name
     again = chief.push_pull(grads, step=0, min_step=0, push_id="twice")[0]
     assert chief.push_pull(grads, step=0, min_step=0, push_id="twice")[0] == again == 2
-    assert np.array_equal(chief.pull()[1]["['w']"], np.arange(6, dtype=np.float32) - 4)
+    step, streamed = chief.pull()
+    assert (step, chief.pull_packed()[0]) == (2, 2)
+    packed = chief.pull_packed()[1]
+    for name in params:
+        assert streamed[name].tobytes() == packed[name].tobytes(), name
+    assert np.array_equal(packed["['w']"], np.arange(6, dtype=np.float32) - 4)
     chief.close()
 
 
