@@ -298,12 +298,7 @@ class ParameterServicer:
 
     @_guarded
     def PullPacked(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Any:
-        store = self.store
-        store.check(request.id, method="PullPacked")
-        step, arrays, tensors = self._read(
-            request.id.task, list(request.names), min_step=request.min_step, context=context
-        )
-        header = tensor_pb2.FrameHeader(id=store.identity(), step=step, tensors=tensors)
+        header, arrays = self._pull(request, context, method="PullPacked")
         return self._packed_reply(header, arrays)
 
     def _packed_reply(self, header: tensor_pb2.FrameHeader, arrays: list[np.ndarray]) -> bytes:
@@ -392,13 +387,19 @@ class ParameterServicer:
 
     @_guarded
     def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Any:
+        header, arrays = self._pull(request, context, method="Pull")
+        yield from self._send(header, arrays, counter="pulls")
+
+    def _pull(
+        self, request: ps_pb2.PullRequest, context: grpc.ServicerContext, *, method: str
+    ) -> tuple[tensor_pb2.FrameHeader, list[np.ndarray]]:
+        """A Pull's reply header and values, once the request passed the checks."""
         store = self.store
-        store.check(request.id, method="Pull")
+        store.check(request.id, method=method)
         step, arrays, tensors = self._read(
             request.id.task, list(request.names), min_step=request.min_step, context=context
         )
-        header = tensor_pb2.FrameHeader(id=store.identity(), step=step, tensors=tensors)
-        yield from self._send(header, arrays, counter="pulls")
+        return tensor_pb2.FrameHeader(id=store.identity(), step=step, tensors=tensors), arrays
 
     def _read(
         self, task: str, names: list[str], *, min_step: int, context: grpc.ServicerContext
