@@ -181,9 +181,7 @@ def run_tensorflow(python: str, case: dict[str, Any], data: Path, work: Path) ->
 
 def run_jaxps(case: dict[str, Any], work: Path) -> dict[str, Any]:
     started = time.monotonic()
-    job = launch.LocalJob.start(
-        training=jaxps_training(case), log_dir=work, ps=PS, workers=WORKERS
-    )
+    job = launch.LocalJob.start(training=jaxps_training(case), log_dir=work, ps=PS, workers=WORKERS)
     try:
         codes = job.wait(timeout=900)
         seconds = time.monotonic() - started
