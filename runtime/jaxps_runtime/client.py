@@ -31,10 +31,18 @@ from jaxps_runtime.shards import Mode
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# Where one tensor of a packed reply goes: its expected spec and what takes its values.
+Sink = tuple[streams.Spec, Callable[[np.ndarray], None]]
+# Rows of one table on one shard: (shard, shard-local row ids, positions in the caller's ids).
+RowPick = tuple[Shard, np.ndarray, np.ndarray]
 # Transient failures are retried after these pauses; a ps that restarted answers
 # FAILED_PRECONDITION on the next try, which goes to the caller at once.
 RETRY_BACKOFF = (0.1, 0.3, 0.9)
 TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+
+def _put_rows(target: np.ndarray, where: np.ndarray, values: np.ndarray) -> None:
+    target[where] = values
 
 
 class PsClientError(RuntimeError):
@@ -415,8 +423,11 @@ class PsClient:
         into: Mapping[str, np.ndarray] | None = None,
         variables: Collection[str] | None = None,
         push_id: str | None = None,
+        rows: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+        push_only: bool = False,
     ) -> tuple[int, dict[str, np.ndarray], list[ps_pb2.PushReply]]:
-        """`push` then `pull(min_step=...)` of the same variables, in one round trip per ps.
+        """`push` (and `sparse_push` of `rows`) then `pull(min_step=...)` of the same dense
+        variables, in one round trip per ps; with `push_only`, the push alone (no values).
 
         Only for variables that fit one frame per ps (`packs`). The calls to every ps are in
         flight at once without a thread each; a transient failure is retried with the same
@@ -424,20 +435,25 @@ class PsClient:
         values, one PushReply per ps).
         """
         arrays = self._named_arrays(grads, what="gradients", variables=variables)
-        out = self._outputs(into, variables)
+        out = {} if push_only else self._outputs(into, variables)
+        plan = self._route_rows({name: ids for name, (ids, _) in (rows or {}).items()})
         push_id = push_id or uuid.uuid4().hex
         calls = []
         for ps, held in enumerate(self._shards):
             shards = [s for s in held if s.variable.name in arrays]
+            specs, values = self._row_parts(plan[ps], rows or {})
             header = tensor_pb2.FrameHeader(
                 id=self.identity(ps),
                 step=step,
                 push_id=push_id,
                 min_step=min_step,
-                tensors=[self._spec(s) for s in shards],
+                push_only=push_only,
+                tensors=[*(self._spec(s) for s in shards), *specs],
             )
-            calls.append((shards, streams.pack(header, self._buffers(arrays, shards))))
-        replies = self._packed_calls("PushPull", calls, out)
+            buffers = [*self._buffers(arrays, shards), *map(streams.byte_view, values)]
+            sinks = [] if push_only else self._dense_sinks(shards, out)
+            calls.append((sinks, streams.pack(header, buffers)))
+        replies = self._packed_calls("PushPull", calls)
         return min(r.step for r in replies), out, replies
 
     def pull_packed(
@@ -446,33 +462,42 @@ class PsClient:
         min_step: int = 0,
         into: Mapping[str, np.ndarray] | None = None,
         variables: Collection[str] | None = None,
+        rows: Mapping[str, np.ndarray] | None = None,
     ) -> tuple[int, dict[str, np.ndarray]]:
-        """`pull` in one message per ps, for variables that fit one frame per ps (`packs`)."""
+        """`pull` (and `sparse_pull` of `rows`, read at the same step) in one message per ps,
+        for dense variables that fit one frame per ps (`packs`). The values hold each table of
+        `rows` as the rows asked for, in that order."""
         out = self._outputs(into, variables)
+        plan = self._route_rows(rows or {})
+        picked = self._row_outputs(rows or {})
         calls = []
         for ps, held in enumerate(self._shards):
             shards = [s for s in held if s.variable.name in out]
             request = ps_pb2.PullRequest(
-                id=self.identity(ps), names=[s.name for s in shards], min_step=min_step
+                id=self.identity(ps),
+                names=[s.name for s in shards],
+                min_step=min_step,
+                selections=self._selections(plan[ps]),
             )
-            calls.append((shards, request))
-        replies = self._packed_calls("PullPacked", calls, out)
-        return min(r.step for r in replies), out
+            sinks = [*self._dense_sinks(shards, out), *self._row_sinks(plan[ps], picked)]
+            calls.append((sinks, request))
+        replies = self._packed_calls("PullPacked", calls)
+        return min(r.step for r in replies), {**out, **picked}
 
     def _packed_calls(
-        self, method: str, calls: Sequence[tuple[list[Shard], Any]], out: Mapping[str, np.ndarray]
+        self, method: str, calls: Sequence[tuple[list[Sink], Any]]
     ) -> list[ps_pb2.PushReply]:
-        """Runs a unary packed call on every ps at once (grpc futures, no thread each) and
-        unpacks the replies into `out`. A transient failure is retried with the same request
-        (a push keeps its push_id, so it is applied once); the first other failure is raised
-        once every call has finished."""
+        """Runs a unary packed call on every ps at once (grpc futures, no thread each) and hands
+        each tensor of the replies to its sink. A transient failure is retried with the same
+        request (a push keeps its push_id, so it is applied once); the first other failure is
+        raised once every call has finished."""
         futures = []
         for ps, (_, request) in enumerate(calls):
             unary: Any = self._calls[ps][method]
             futures.append(unary.future(request))
         replies: list[ps_pb2.PushReply] = []
         failure: PsClientError | None = None
-        for ps, ((shards, request), future) in enumerate(zip(calls, futures, strict=True)):
+        for ps, ((sinks, request), future) in enumerate(zip(calls, futures, strict=True)):
             try:
                 try:
                     raw = self._call(ps, method, future.result)
@@ -480,7 +505,7 @@ class PsClient:
                     if err.code not in TRANSIENT:
                         raise
                     raw = self._retrying(ps, functools.partial(self._once, ps, method, request))
-                replies.append(self._unpack(ps, raw, shards, out, method=method))
+                replies.append(self._unpack(ps, raw, sinks, method=method))
             except PsClientError as err:
                 failure = failure or err  # the others still finish: none stays in flight
         if failure is not None:
@@ -492,20 +517,14 @@ class PsClient:
         return raw
 
     def _unpack(
-        self,
-        ps: int,
-        raw: bytes,
-        shards: Sequence[Shard],
-        out: Mapping[str, np.ndarray],
-        *,
-        method: str,
+        self, ps: int, raw: bytes, sinks: Sequence[Sink], *, method: str
     ) -> ps_pb2.PushReply:
-        """Copies a packed reply's values into `out`; returns its push outcome (PushPull)."""
+        """Hands a packed reply's tensors to their sinks; returns its push outcome (PushPull)."""
         try:
             decoded = codec.decode(raw)
             header = decoded.frame.header
             self._seen(ps, header.id)
-            specs = [self._stream_spec(s) for s in shards]
+            specs = [spec for spec, _ in sinks]
             got = [(t.name, tuple(t.shape), t.dtype) for t in header.tensors]
             want = [(s.name, s.shape, s.dtype.name) for s in specs]
             if got != want:
@@ -515,12 +534,20 @@ class PsClient:
             raise PsClientError(
                 ps=ps, address=self.addresses[ps], method=method, code=None, details=str(err)
             ) from err
-        for shard, spec, view in zip(shards, specs, views, strict=True):
-            target = self._shard_view(out[shard.variable.name], shard)
-            np.copyto(target, np.frombuffer(view, dtype=spec.dtype).reshape(spec.shape))
+        for (spec, sink), view in zip(sinks, views, strict=True):
+            sink(np.frombuffer(view, dtype=spec.dtype).reshape(spec.shape))
         return ps_pb2.PushReply(
             id=header.id, accepted=header.accepted, step=header.step, reason=header.reason
         )
+
+    def _dense_sinks(self, shards: Sequence[Shard], out: Mapping[str, np.ndarray]) -> list[Sink]:
+        return [
+            (
+                self._stream_spec(s),
+                functools.partial(np.copyto, self._shard_view(out[s.variable.name], s)),
+            )
+            for s in shards
+        ]
 
     def pull_tree(self, layout: Layout, *, min_step: int = 0) -> tuple[int, Any]:
         step, named = self.pull(min_step=min_step)
@@ -537,41 +564,28 @@ class PsClient:
     ) -> dict[str, np.ndarray]:
         """The given rows (any order, duplicates allowed) of embedding variables."""
         plan = self._route_rows(rows)
-        out = {
-            name: np.empty(
-                (len(ids), *self._variables[name].shape[1:]),
-                dtype=streams.dtype_of(self._variables[name].dtype),
-            )
-            for name, ids in rows.items()
-        }
+        out = self._row_outputs(rows)
 
         def one(ps: int) -> None:
             picks = plan[ps]
             if not picks:
                 return
             request = ps_pb2.SparsePullRequest(
-                id=self.identity(ps),
-                min_step=min_step,
-                selections=[
-                    ps_pb2.RowSelection(name=s.name, rows=local.astype("<i8").tobytes())
-                    for s, local, _ in picks
-                ],
+                id=self.identity(ps), min_step=min_step, selections=self._selections(picks)
             )
-            specs = [
-                streams.Spec(s.name, (local.size, *s.shape[1:]), streams.dtype_of(s.variable.dtype))
-                for s, local, _ in picks
-            ]
+            sinks = self._row_sinks(picks, out)
             got: list[np.ndarray | None] = [None] * len(picks)
             self._receive(
                 ps,
                 "SparsePull",
                 start=lambda: self._calls[ps]["SparsePull"](request),
-                specs=specs,
+                specs=[spec for spec, _ in sinks],
                 into=got,
                 keep=got,
             )
-            for (shard, _, where), values in zip(picks, got, strict=True):
-                out[shard.variable.name][where] = values
+            for (_, sink), values in zip(sinks, got, strict=True):
+                assert values is not None
+                sink(values)
 
         self._each(one)
         return out
@@ -588,26 +602,11 @@ class PsClient:
         push_id = push_id or uuid.uuid4().hex
 
         def one(ps: int) -> ps_pb2.PushReply | None:
-            picks = plan[ps]
-            if not picks:
+            if not plan[ps]:
                 return None
-            values = [
-                np.ascontiguousarray(
-                    np.asarray(grads[s.variable.name][1])[where],
-                    dtype=streams.dtype_of(s.variable.dtype),
-                )
-                for s, _, where in picks
-            ]
+            specs, values = self._row_parts(plan[ps], grads)
             header = tensor_pb2.FrameHeader(
-                id=self.identity(ps),
-                step=step,
-                push_id=push_id,
-                tensors=[
-                    streams.Spec(s.name, v.shape, v.dtype).to_proto(
-                        rows=local.astype("<i8").tobytes()
-                    )
-                    for (s, local, _), v in zip(picks, values, strict=True)
-                ],
+                id=self.identity(ps), step=step, push_id=push_id, tensors=specs
             )
             frames = streams.frames(
                 header, (streams.byte_view(v) for v in values), chunk_bytes=self._chunk_bytes
@@ -620,11 +619,55 @@ class PsClient:
 
         return [r for r in self._each(one) if r is not None]
 
-    def _route_rows(
-        self, rows: Mapping[str, np.ndarray]
-    ) -> list[list[tuple[Shard, np.ndarray, np.ndarray]]]:
+    def _row_outputs(self, rows: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Empty arrays for the asked rows of each table."""
+        return {
+            name: np.empty(
+                (len(ids), *self._variables[name].shape[1:]),
+                dtype=streams.dtype_of(self._variables[name].dtype),
+            )
+            for name, ids in rows.items()
+        }
+
+    @staticmethod
+    def _selections(picks: Sequence[RowPick]) -> list[ps_pb2.RowSelection]:
+        return [
+            ps_pb2.RowSelection(name=s.name, rows=local.astype("<i8").tobytes())
+            for s, local, _ in picks
+        ]
+
+    @staticmethod
+    def _row_sinks(picks: Sequence[RowPick], out: Mapping[str, np.ndarray]) -> list[Sink]:
+        """Per pick, the spec of the rows a ps sends and where they go in `out`."""
+        sinks: list[Sink] = []
+        for s, local, where in picks:
+            spec = streams.Spec(
+                s.name, (local.size, *s.shape[1:]), streams.dtype_of(s.variable.dtype)
+            )
+            sinks.append((spec, functools.partial(_put_rows, out[s.variable.name], where)))
+        return sinks
+
+    @staticmethod
+    def _row_parts(
+        picks: Sequence[RowPick], grads: Mapping[str, tuple[np.ndarray, np.ndarray]]
+    ) -> tuple[list[tensor_pb2.TensorSpec], list[np.ndarray]]:
+        """The specs (with their row ids) and values of the gradient rows one ps gets."""
+        values = [
+            np.ascontiguousarray(
+                np.asarray(grads[s.variable.name][1])[where],
+                dtype=streams.dtype_of(s.variable.dtype),
+            )
+            for s, _, where in picks
+        ]
+        specs = [
+            streams.Spec(s.name, v.shape, v.dtype).to_proto(rows=local.astype("<i8").tobytes())
+            for (s, local, _), v in zip(picks, values, strict=True)
+        ]
+        return specs, values
+
+    def _route_rows(self, rows: Mapping[str, np.ndarray]) -> list[list[RowPick]]:
         """Per ps: (shard, shard-local row ids, positions in the caller's id array)."""
-        plan: list[list[tuple[Shard, np.ndarray, np.ndarray]]] = [[] for _ in self.addresses]
+        plan: list[list[RowPick]] = [[] for _ in self.addresses]
         for name, given in rows.items():
             variable = self._variables.get(name)
             if variable is None or not variable.shape:

@@ -118,46 +118,65 @@ class Applier:
             updates, state = tx.update(grad, state, param)
             return optax.apply_updates(param, updates), state
 
-        def sparse(
-            param: jax.Array, state: Any, ids: jax.Array, grad_rows: jax.Array
-        ) -> tuple[jax.Array, Any]:
-            # Padding ids equal param.shape[0]: gathers fill zeros there, scatters drop them.
-            full = param.shape
-
-            def rows(leaf: jax.Array) -> jax.Array:
-                if leaf.shape != full:
-                    return leaf
-                return leaf.at[ids].get(mode="fill", fill_value=0)
-
-            p_rows = rows(param)
-            s_rows = jax.tree_util.tree_map(rows, state)
-            updates, s_rows = tx.update(grad_rows, s_rows, p_rows)
-            new_rows = optax.apply_updates(p_rows, updates)
-
-            def scatter(leaf: jax.Array, new: jax.Array) -> jax.Array:
-                if leaf.shape != full:
-                    return new
-                return leaf.at[ids].set(new, mode="drop")
-
-            return scatter(param, new_rows), jax.tree_util.tree_map(scatter, state, s_rows)
-
+        # A sparse update is the same update of the rows alone (jit compiles it per row count).
         self.dense = jax.jit(dense)
-        self._sparse = jax.jit(sparse)
 
     def init(self, param: jax.Array) -> Any:
         return self._tx.init(param)
 
-    def sparse(
-        self, param: jax.Array, state: Any, ids: np.ndarray, grad_rows: np.ndarray
-    ) -> tuple[jax.Array, Any]:
-        """Updates rows `ids` (unique) of `param` with `grad_rows`; other rows stay untouched."""
+    def sparse_rows(
+        self, param: np.ndarray, state: Any, ids: np.ndarray, grad_rows: np.ndarray
+    ) -> tuple[np.ndarray, Any]:
+        """The new values of rows `ids` (unique) of `param`, and the new optimizer state of
+        those rows (state leaves shaped like `param` are cut to the rows; others, such as a
+        step count, stay whole): optax's update of the rows alone, as TensorFlow's sparse
+        apply ops compute it. Nothing is written: `scatter` does that."""
         n = ids.shape[0]
-        size = _bucket(n)
-        padded_ids = np.full(size, param.shape[0], dtype=np.int64)
-        padded_ids[:n] = ids
-        padded = np.zeros((size, *grad_rows.shape[1:]), dtype=grad_rows.dtype)
-        padded[:n] = grad_rows
-        return self._sparse(param, state, padded_ids, padded)  # type: ignore[no-any-return]
+        padded = np.full(_bucket(n), ids[0] if n else 0, dtype=np.int64)  # extra rows: dropped
+        padded[:n] = ids
+        grads = np.zeros((padded.size, *grad_rows.shape[1:]), dtype=grad_rows.dtype)
+        grads[:n] = grad_rows
+        full = param.shape
+
+        def cut(leaf: Any) -> Any:
+            return np.asarray(leaf)[padded] if np.shape(leaf) == full else leaf
+
+        new_rows, new_state = self.dense(param[padded], jax.tree_util.tree_map(cut, state), grads)
+        return np.asarray(new_rows)[:n], new_state
+
+    @staticmethod
+    def scatter(
+        param: np.ndarray, state: Any, ids: np.ndarray, new_rows: np.ndarray, new_state: Any
+    ) -> Any:
+        """Writes what `sparse_rows` computed into `param` and `state` in place (host arrays
+        shaped like `param`); returns the state, its whole leaves replaced by the new ones."""
+        full, n = param.shape, ids.shape[0]
+        param[ids] = new_rows
+
+        def put(leaf: Any, new: Any) -> Any:
+            if np.shape(leaf) != full:
+                return new
+            leaf[ids] = np.asarray(new)[:n]
+            return leaf
+
+        return jax.tree_util.tree_map(put, state, new_state)
+
+    def sparse(self, param: np.ndarray, state: Any, ids: np.ndarray, grad_rows: np.ndarray) -> Any:
+        """Updates rows `ids` (unique) of host arrays `param` and `state` in place; other rows
+        stay untouched. Returns the state (see `scatter`)."""
+        new_rows, new_state = self.sparse_rows(param, state, ids, grad_rows)
+        return self.scatter(param, state, ids, new_rows, new_state)
+
+
+def host_copy(param: Any, state: Any) -> tuple[np.ndarray, Any]:
+    """Writable host copies of a shard and of its state leaves shaped like it (the others,
+    such as a step count, are shared): what in-place row updates work on."""
+    full = np.shape(param)
+
+    def copy(leaf: Any) -> Any:
+        return np.array(leaf) if np.shape(leaf) == full else leaf
+
+    return np.array(param), jax.tree_util.tree_map(copy, state)
 
 
 def sum_duplicate_rows(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

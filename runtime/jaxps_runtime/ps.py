@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -21,7 +21,7 @@ import numpy as np
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime import codec, optim, rpc, shardfile, streams
-from jaxps_runtime.shards import STATE_NAMES, Mode, ParameterStore, PsError, PushResult
+from jaxps_runtime.shards import STATE_NAMES, Held, Mode, ParameterStore, PsError, PushResult
 
 log = logging.getLogger(__name__)
 
@@ -278,14 +278,32 @@ class ParameterServicer:
         if not decoded.frame.HasField("header"):
             raise streams.StreamError("PushPull: the frame has no header")
         header = decoded.frame.header
+        store.check(header.id, method="PushPull")
         specs = self._specs(header, where="PushPull")
+        views = streams.unpack(decoded.data, specs, where="PushPull")
+        # Tensors with rows are embedding rows (as SparsePush), the others dense shards (as Push).
+        sparse = [i for i, t in enumerate(header.tensors) if t.rows]
+        targets = self._row_targets(header, specs, sparse, where="PushPull")
+        for i, t in enumerate(header.tensors):  # checked before any row is applied
+            if not t.rows:
+                store.matching(specs[i], where=f"PushPull.tensors[{i}]")
+        dense = tensor_pb2.FrameHeader()
+        dense.CopyFrom(header)
+        del dense.tensors[:]
+        dense.tensors.extend(t for t in header.tensors if not t.rows)
+        self._apply_rows(
+            [(held, ids, views[i]) for i, (held, ids) in zip(sparse, targets, strict=True)],
+            specs=[specs[i] for i in sparse],
+            push_id=header.push_id,
+        )
         chunks = [
-            codec.Decoded(tensor_pb2.Frame(tensor=i), view)
-            for i, view in enumerate(streams.unpack(decoded.data, specs, where="PushPull"))
+            codec.Decoded(tensor_pb2.Frame(tensor=n), views[i])
+            for n, i in enumerate(i for i, t in enumerate(header.tensors) if not t.rows)
         ]
-        result = self._push(header, iter(chunks), where="PushPull")
+        result = self._push(dense, iter(chunks), where="PushPull")
+        names = [] if header.push_only else [t.name for t in dense.tensors]
         step, arrays, tensors = self._read(
-            header.id.task, [s.name for s in specs], min_step=header.min_step, context=context
+            header.id.task, names, min_step=header.min_step, context=context
         )
         reply = tensor_pb2.FrameHeader(
             id=store.identity(),
@@ -397,21 +415,45 @@ class ParameterServicer:
         store = self.store
         store.check(request.id, method=method)
         step, arrays, tensors = self._read(
-            request.id.task, list(request.names), min_step=request.min_step, context=context
+            request.id.task,
+            list(request.names),
+            min_step=request.min_step,
+            context=context,
+            selections=request.selections,
+            where=method,
         )
         return tensor_pb2.FrameHeader(id=store.identity(), step=step, tensors=tensors), arrays
 
     def _read(
-        self, task: str, names: list[str], *, min_step: int, context: grpc.ServicerContext
+        self,
+        task: str,
+        names: list[str],
+        *,
+        min_step: int,
+        context: grpc.ServicerContext,
+        selections: Sequence[ps_pb2.RowSelection] = (),
+        where: str = "Pull",
     ) -> tuple[int, list[np.ndarray], list[tensor_pb2.TensorSpec]]:
-        """The values of `names` once the step is at least `min_step` (and, with bounded
-        staleness, once `task` is no longer too far ahead): (step, arrays, their specs)."""
+        """The values of `names`, then the selected rows, once the step is at least `min_step`
+        (and, with bounded staleness, once `task` is no longer too far ahead), all read at one
+        step: (step, arrays, their specs; a selection's spec echoes its rows)."""
         store = self.store
         if min_step:
             store.wait_for_step(min_step, is_active=context.is_active)
         store.wait_for_slowest(task, is_active=context.is_active)
-        step, values = store.snapshot(names)
-        return step, [np.asarray(v) for _, v in values], [s.to_proto() for s, _ in values]
+        picks = []
+        for i, selection in enumerate(selections):
+            spec = store.held(selection.name, where=f"{where}.selections[{i}]").spec
+            ids = self._row_ids(selection.rows, spec, where=f"{where}.selections[{i}].rows")
+            picks.append((selection.name, ids))
+        step, values, rows = store.snapshot(names, picks)
+        arrays = [np.asarray(v) for _, v in values]
+        tensors = [s.to_proto() for s, _ in values]
+        for selection, (spec, picked) in zip(selections, rows, strict=True):
+            arrays.append(picked)
+            shape = (picked.shape[0], *spec.shape[1:])
+            tensors.append(streams.Spec(spec.name, shape, spec.dtype).to_proto(rows=selection.rows))
+        return step, arrays, tensors
 
     # --- sparse -----------------------------------------------------------------------------
 
@@ -419,22 +461,15 @@ class ParameterServicer:
     def SparsePull(self, request: ps_pb2.SparsePullRequest, context: grpc.ServicerContext) -> Any:
         store = self.store
         store.check(request.id, method="SparsePull")
-        if request.min_step:
-            store.wait_for_step(request.min_step, is_active=context.is_active)
-        names = [s.name for s in request.selections]
-        step, values = store.snapshot(names)
-        arrays, specs = [], []
-        for i, (sel, (spec, value)) in enumerate(zip(request.selections, values, strict=True)):
-            ids = self._row_ids(sel.rows, spec, where=f"SparsePull.selections[{i}].rows")
-            arrays.append(np.asarray(value)[ids])
-            specs.append(streams.Spec(spec.name, (ids.size, *spec.shape[1:]), spec.dtype))
-        header = tensor_pb2.FrameHeader(
-            id=store.identity(),
-            step=step,
-            tensors=[
-                s.to_proto(rows=sel.rows) for s, sel in zip(specs, request.selections, strict=True)
-            ],
+        step, arrays, tensors = self._read(
+            request.id.task,
+            [],
+            min_step=request.min_step,
+            context=context,
+            selections=request.selections,
+            where="SparsePull",
         )
+        header = tensor_pb2.FrameHeader(id=store.identity(), step=step, tensors=tensors)
         yield from self._send(header, arrays, counter="sparse_pulls")
 
     @_guarded
@@ -443,36 +478,67 @@ class ParameterServicer:
         header, first = streams.read_header(request_iterator)
         store.check(header.id, method="SparsePush")
         specs = self._specs(header, where="SparsePush")
-        helds, ids = [], []
-        for i, (msg, spec) in enumerate(zip(header.tensors, specs, strict=True)):
-            held = store.matching(spec, where=f"SparsePush.tensors[{i}]", rows=True)
-            rows = self._row_ids(msg.rows, held.spec, where=f"SparsePush.tensors[{i}].rows")
-            if rows.size != (spec.shape[0] if spec.shape else -1):
-                raise PsError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"SparsePush.tensors[{i}]: {rows.size} row ids for {list(spec.shape)} values",
-                )
-            helds.append(held)
-            ids.append(rows)
-        skip = store.already_applied(header.push_id)
+        targets = self._row_targets(header, specs, range(len(specs)), where="SparsePush")
         assembler = streams.Assembler(specs)
-        pending = []
         for decoded in self._chunks(first, request_iterator):
-            done = assembler.add(decoded)
-            if done is not None and specs[done].name not in skip:
-                pending.append(
-                    store.apply_sparse(
-                        helds[done], ids[done], assembler.array(done), push_id=header.push_id
-                    )
-                )
+            assembler.add(decoded)
         store.counters.add("bytes_in", assembler.bytes)
-        for future in pending:
-            future.result()
         self._require_complete(assembler, where="SparsePush")
+        self._apply_rows(
+            [(held, ids, assembler.array(i)) for i, (held, ids) in enumerate(targets)],
+            specs=specs,
+            push_id=header.push_id,
+        )
         # Rows are applied on arrival in every mode and never count a step: the dense Push of
         # the same worker step does (in sync mode embedding rows are updated Hogwild-style).
-        store.counters.add("sparse_pushes")
         return self._push_reply(PushResult(True, store.step))
+
+    def _row_targets(
+        self,
+        header: tensor_pb2.FrameHeader,
+        specs: Sequence[streams.Spec],
+        which: Iterable[int],
+        *,
+        where: str,
+    ) -> list[tuple[Held, np.ndarray]]:
+        """The embedding shard and row ids of each sparse tensor `which` of a push, checked."""
+        targets = []
+        for i in which:
+            spec = specs[i]
+            held = self.store.matching(spec, where=f"{where}.tensors[{i}]", rows=True)
+            ids = self._row_ids(
+                header.tensors[i].rows, held.spec, where=f"{where}.tensors[{i}].rows"
+            )
+            if ids.size != (spec.shape[0] if spec.shape else -1):
+                raise PsError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{where}.tensors[{i}]: {ids.size} row ids for {list(spec.shape)} values",
+                )
+            targets.append((held, ids))
+        return targets
+
+    def _apply_rows(
+        self,
+        rows: Sequence[tuple[Held, np.ndarray, Any]],
+        *,
+        specs: Sequence[streams.Spec],
+        push_id: str,
+    ) -> None:
+        """Applies gradient rows (held shard, row ids, bytes) of one push and waits for them;
+        shards this push_id updated before (a retry) are skipped."""
+        if not rows:
+            return
+        store = self.store
+        skip = store.already_applied(push_id)
+        pending = []
+        for (held, ids, data), spec in zip(rows, specs, strict=True):
+            if spec.name in skip:
+                continue
+            grads = np.frombuffer(data, dtype=spec.dtype).reshape(spec.shape)
+            pending.append(store.apply_sparse(held, ids, grads, push_id=push_id))
+        for future in pending:
+            future.result()
+        store.counters.add("sparse_pushes")
 
     # --- helpers ----------------------------------------------------------------------------
 

@@ -4,6 +4,10 @@ Thread-safety contract (every method may be called from any of grpc's threads at
 - A shard's value is an immutable jax array. An update computes a new array and swaps the
   reference under `_lock`; readers take references under the lock and read them without it.
   So a pull sees whole shards, each of one version, and never blocks or is blocked by an update.
+- Except for embedding shards updated by rows: copying a whole table per update of a few rows
+  would cost more than everything else in a step, so those are host (numpy) arrays updated in
+  place, as TensorFlow's sparse apply ops do. Their rows are written under `_lock`, and readers
+  copy what they read of them (the rows asked for, or the whole shard) under the lock too.
 - Every write of (value, optimizer state) runs on one applier thread, in submission order, so
   no read-modify-write ever races. A push handler goes on receiving the next shard's chunks
   while the applier updates the previous one (jax releases the GIL while it computes).
@@ -56,7 +60,7 @@ class Held:
     """
 
     spec: Spec
-    value: jax.Array | None = None
+    value: jax.Array | np.ndarray | None = None  # np.ndarray: updated in place by rows
     opt_state: Any = None
     spare: list[np.ndarray] = field(default_factory=list)
 
@@ -105,7 +109,8 @@ class Mode:
 class Snapshot:
     """A ps's shards and optimizer states as they were when its step was `step`.
 
-    Values and states are immutable jax arrays: holding references is the whole copy.
+    Values and states are immutable jax arrays (holding references is the whole copy) or
+    copies of the host arrays that row updates change in place.
     """
 
     step: int
@@ -322,15 +327,25 @@ class ParameterStore:
     def apply_sparse(
         self, held: Held, ids: np.ndarray, grads: np.ndarray, *, push_id: str
     ) -> Future[None]:
-        """Queues the update of rows `ids` of one shard; duplicate ids are summed first."""
+        """Queues the in-place update of rows `ids` of one shard; duplicate ids are summed
+        first. The first one turns the shard into a host array (one copy)."""
         unique, summed = optim.sum_duplicate_rows(ids, grads)
-        return self._submit(held, push_id, lambda a, v, s: a.sparse(v, s, unique, summed))
+
+        def update(applier: optim.Applier, value: Any, state: Any) -> tuple[np.ndarray, Any]:
+            if not isinstance(value, np.ndarray):
+                value, state = optim.host_copy(value, state)
+            # Only this thread writes: reading the rows needs no lock, writing them does.
+            new_rows, new_state = applier.sparse_rows(value, state, unique, summed)
+            with self._lock:
+                return value, applier.scatter(value, state, unique, new_rows, new_state)
+
+        return self._submit(held, push_id, update)
 
     def _submit(
         self,
         held: Held,
         push_id: str,
-        update: Callable[[optim.Applier, jax.Array, Any], tuple[jax.Array, Any]],
+        update: Callable[[optim.Applier, Any, Any], tuple[Any, Any]],
         done: Callable[[], None] | None = None,
     ) -> Future[None]:
         def run() -> None:
@@ -339,7 +354,8 @@ class ParameterStore:
                 return
             started = time.perf_counter()
             value, state = update(applier, held.value, held.opt_state)
-            value.block_until_ready()
+            if isinstance(value, jax.Array):
+                value.block_until_ready()
             with self._lock:
                 held.value, held.opt_state = value, state
                 if push_id:
@@ -529,18 +545,24 @@ class ParameterStore:
                 self._changed.wait(timeout=0.5)
             return self._step
 
-    def snapshot(self, names: Iterable[str]) -> tuple[int, list[tuple[Spec, jax.Array]]]:
-        """The current step and values of the named shards, taken atomically."""
+    def snapshot(
+        self, names: Iterable[str], rows: Sequence[tuple[str, np.ndarray]] = ()
+    ) -> tuple[int, list[tuple[Spec, Any]], list[tuple[Spec, np.ndarray]]]:
+        """The current step, the values of the named shards and the rows (name, row ids) of
+        shards, all taken atomically."""
         with self._lock:
-            out = []
-            for name in names:
-                held = self.held(name, where="Pull")
-                if held.value is None:
-                    raise PsError(
-                        grpc.StatusCode.FAILED_PRECONDITION, f"Pull: {name!r} has no value yet"
-                    )
-                out.append((held.spec, held.value))
-            return self._step, out
+            out = [(h.spec, _readable(h.value)) for h in map(self._valued, names)]
+            picked = []
+            for name, ids in rows:
+                held = self._valued(name)
+                picked.append((held.spec, np.asarray(held.value)[ids]))
+            return self._step, out, picked
+
+    def _valued(self, name: str) -> Held:
+        held = self.held(name, where="Pull")
+        if held.value is None:
+            raise PsError(grpc.StatusCode.FAILED_PRECONDITION, f"Pull: {name!r} has no value yet")
+        return held
 
     def specs(self) -> list[Spec]:
         with self._lock:
@@ -552,12 +574,13 @@ class ParameterStore:
     # --- checkpoints ------------------------------------------------------------------------
 
     def _snapshot_locked(self) -> Snapshot:
+        held = self._tensors.items()
         return Snapshot(
             step=self._step,
             epoch=self._epoch,
             optimizer=self.optimizer_json(),
-            values={n: h.value for n, h in self._tensors.items() if h.value is not None},
-            states={n: h.opt_state for n, h in self._tensors.items()},
+            values={n: _readable(h.value) for n, h in held if h.value is not None},
+            states={n: jax.tree_util.tree_map(_readable, h.opt_state) for n, h in held},
         )
 
     def _take_snapshot_if_asked(self) -> None:
@@ -670,3 +693,9 @@ class ParameterStore:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _readable(value: Any) -> Any:
+    """What a reader may keep and read without the lock: a copy of a host array (updated in
+    place later), the value itself when it is an immutable jax array."""
+    return np.array(value) if isinstance(value, np.ndarray) else value

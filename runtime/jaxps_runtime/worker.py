@@ -127,10 +127,9 @@ class Worker:
         self.cursor = 0  # batches of this worker's data shard used so far
         self._grad = jax.jit(jax.value_and_grad(task.model.loss))
 
-    def _gather_rows(
-        self, batch: dict[str, np.ndarray], params: dict[str, Any]
-    ) -> dict[str, np.ndarray]:
-        """Pulls the rows the batch uses; returns the unique ids pulled per table."""
+    def _wanted_rows(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The rows the batch uses per table (unique, padded to a power of two); remaps the
+        batch's ids to positions in them."""
         wanted: dict[str, np.ndarray] = {}
         for variable, key in self.task.tables.items():
             ids = np.asarray(batch[key], dtype=np.int64)
@@ -139,8 +138,6 @@ class Worker:
             padded[: unique.size] = unique
             wanted[variable] = padded
             batch[key] = inverse.reshape(ids.shape)
-        if wanted:
-            params.update(self.client.sparse_pull(wanted))
         return wanted
 
     def _heartbeats(self, coordinator: Any, *, every: float) -> None:
@@ -244,46 +241,61 @@ class Worker:
         training, task = self.task.training, self.task
         dense = task.dense_variables
         started = time.perf_counter()
-        if self._pulled is None:
-            pull = self.client.pull_packed if self._packs else self.client.pull
-            step, self._buffers = pull(min_step=min_step, into=self._buffers, variables=dense)
-        else:
-            step, self._pulled = self._pulled, None
-        assert self._buffers is not None
-        self.step = step
-        task.metrics.global_step.set(step)
-        if step >= training.steps:
-            return -1
         batch = task.dataset.train_batch(
             worker=self.index,
             num_workers=self.num_workers,
             step=self.cursor,
             batch_size=training.batchSize,
         )
-        params: dict[str, Any] = dict(self._buffers)
-        rows = self._gather_rows(batch, params)
+        rows = self._wanted_rows(batch)
+        params: dict[str, Any]
+        if self._pulled is not None:  # sync: the last PushPull brought this step's values
+            step, self._pulled = self._pulled, None
+            params = dict(self._buffers or {})
+        elif self._packs:  # one message per ps: the dense values and the batch's rows
+            step, params = self.client.pull_packed(
+                min_step=min_step, into=self._buffers, variables=dense, rows=rows
+            )
+            self._buffers = {name: params[name] for name in dense}
+        else:
+            step, self._buffers = self.client.pull(
+                min_step=min_step, into=self._buffers, variables=dense
+            )
+            params = dict(self._buffers)
+        self.step = step
+        task.metrics.global_step.set(step)
+        if step >= training.steps:
+            return -1
+        if rows and not self._packs:
+            params.update(self.client.sparse_pull(rows))
         pulled = time.perf_counter()
         loss, grads = self._grad(task.layout.unflatten(params), batch)
         named = {n: np.asarray(g) for n, g in placement.named_leaves(grads)[1].items()}
         self.loss = float(loss)
         computed = time.perf_counter()
-        if rows:
-            self.client.sparse_push({v: (ids, named[v]) for v, ids in rows.items()}, step=step)
+        sparse = {v: (ids, named[v]) for v, ids in rows.items()}
         if self._packs:
-            # One message each way per ps. Sync: the push, then the values of the next step
-            # (exactly what the next pull would wait for). Async: the values are not kept; the
-            # next step reads them afresh at its start, as TensorFlow's workers do, because
-            # values read right after one's own push miss the other workers' pushes of the
-            # meantime (staler gradients; async Adam visibly oscillates).
-            next_step, self._buffers, replies = self.client.push_pull(
+            # One message each way per ps, the embedding rows included. Sync without tables:
+            # the push, then the values of the next step (exactly what the next pull would wait
+            # for). Otherwise the push alone: the next step reads the values (and its rows)
+            # afresh at its start, as TensorFlow's workers do, because values read right after
+            # one's own push miss the other workers' pushes of the meantime (staler gradients;
+            # async Adam visibly oscillates).
+            keep = sync and not rows
+            next_step, values, replies = self.client.push_pull(
                 named,
                 step=step,
-                min_step=step + 1 if sync else 0,
+                min_step=step + 1 if keep else 0,
                 into=self._buffers,
                 variables=dense,
+                rows=sparse,
+                push_only=not keep,
             )
-            self._pulled = next_step if sync else None
+            if keep:
+                self._buffers, self._pulled = values, next_step
         else:
+            if sparse:
+                self.client.sparse_push(sparse, step=step)
             replies = self.client.push(named, step=step, variables=dense)
         pushed = time.perf_counter()
         self.cursor += 1

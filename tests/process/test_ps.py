@@ -256,6 +256,65 @@ def test_push_pull_applies_the_push_then_returns_the_new_values(two_ps: launch.L
     chief.close()
 
 
+def test_packed_calls_carry_embedding_rows_like_the_sparse_streams(
+    two_ps: launch.LocalPs,
+) -> None:
+    rows, dim = 50_000, 16
+    table = np.arange(rows * dim, dtype=np.float32).reshape(rows, dim)
+    client, _ = _init(two_ps, {"embedding": table, "bias": np.arange(4, dtype=np.float32)})
+    assert len(client.placement.shards_of("['embedding']")) == 2
+    bias, emb = ["['bias']"], "['embedding']"
+    ids = np.array([3, 49_999, 3, 25_001, 7, 3])  # both shards, with duplicates
+    step, got = client.pull_packed(variables=bias, rows={emb: ids})
+    assert step == 0
+    assert np.array_equal(got[emb], table[ids])
+    assert np.array_equal(got[emb], client.sparse_pull({emb: ids})[emb])
+    assert np.array_equal(got["['bias']"], np.arange(4, dtype=np.float32))
+    grad = {"['bias']": np.ones(4, np.float32)}
+    sparse = {emb: (ids, np.ones((ids.size, dim), np.float32))}
+    for _ in range(2):  # a retry with the same push_id applies the rows and the step once
+        step, values, replies = client.push_pull(
+            grad, step=0, min_step=0, variables=bias, rows=sparse, push_id="p1", push_only=True
+        )
+        assert (step, values) == (1, {})
+        assert all(r.accepted for r in replies)
+    _, pulled = client.pull()
+    expected = table.copy()
+    np.subtract.at(expected, ids, 1.0)  # duplicate ids are summed: row 3 moves by 3
+    assert np.array_equal(pulled[emb], expected)
+    assert np.array_equal(pulled["['bias']"], np.arange(4, dtype=np.float32) - 1)
+    client.close()
+
+
+def test_a_push_pull_with_rows_out_of_range_changes_nothing(two_ps: launch.LocalPs) -> None:
+    table = np.zeros((1000, 4), np.float32)
+    client, _ = _init(two_ps, {"e": table, "w": np.zeros(4, np.float32)}, min_shard_bytes=8)
+    shard = client.placement.shards_of("['e']")[0]
+    dense = [s for s in client.placement.shards_on(shard.ps) if s.variable.name == "['w']"]
+    bad_rows = np.array([0, shard.stop - shard.start], "<i8").tobytes()
+    header = tensor_pb2.FrameHeader(
+        id=client.identity(shard.ps),
+        push_id="bad",
+        tensors=[
+            *(tensor_pb2.TensorSpec(name=s.name, shape=s.shape, dtype="float32") for s in dense),
+            tensor_pb2.TensorSpec(name=shard.name, shape=[2, 4], dtype="float32", rows=bad_rows),
+        ],
+    )
+    data = b"".join(np.ones(s.shape, np.float32).tobytes() for s in dense)
+    request = codec.encode(
+        tensor_pb2.Frame(header=header), data + np.ones((2, 4)).astype(np.float32).tobytes()
+    )
+    with rpc.channel(two_ps.addresses[shard.ps]) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            rpc.PARAMETER_SERVER.callables(channel)["PushPull"](request, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.OUT_OF_RANGE
+    assert "PushPull.tensors[" in (caught.value.details() or "")
+    step, pulled = client.pull()
+    assert step == 0
+    assert not pulled["['e']"].any() and not pulled["['w']"].any()
+    client.close()
+
+
 def test_push_pull_in_sync_mode_replies_once_the_step_is_complete(
     two_ps: launch.LocalPs,
 ) -> None:

@@ -55,17 +55,32 @@ def test_dense_update_equals_optax_on_the_whole_leaf() -> None:
     assert np.array_equal(np.asarray(new), np.asarray(optax.apply_updates(param, updates)))
 
 
-def test_sparse_update_touches_only_the_given_rows() -> None:
+def test_sparse_update_touches_only_the_given_rows_in_place() -> None:
     applier = optim.Applier(optax.adagrad(1.0, initial_accumulator_value=0.0, eps=0.0))
-    param = jnp.zeros((100, 3), jnp.float32)
-    state = applier.init(param)
-    new, state = applier.sparse(param, state, np.array([5, 9]), np.ones((2, 3), np.float32))
-    touched = np.asarray(new)
-    assert np.allclose(touched[[5, 9]], -1.0)
-    assert not np.delete(touched, [5, 9], axis=0).any()
-    accum = np.asarray(state[0].sum_of_squares)
-    assert np.allclose(accum[[5, 9]], 1.0)
-    assert not np.delete(accum, [5, 9], axis=0).any()
+    table = jnp.zeros((100, 3), jnp.float32)
+    param, state = optim.host_copy(table, applier.init(table))
+    accum = state[0].sum_of_squares
+    state = applier.sparse(param, state, np.array([5, 9, 40]), np.ones((3, 3), np.float32))
+    assert state[0].sum_of_squares is accum  # written in place, not replaced
+    assert np.allclose(param[[5, 9, 40]], -1.0)
+    assert not np.delete(param, [5, 9, 40], axis=0).any()
+    assert np.allclose(accum[[5, 9, 40]], 1.0)
+    assert not np.delete(accum, [5, 9, 40], axis=0).any()
+
+
+def test_a_sparse_update_equals_the_dense_update_of_those_rows() -> None:
+    tx = optax.adam(1e-2)
+    applier = optim.Applier(tx)
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((50, 4)).astype(np.float32)
+    ids, grads = np.array([3, 17, 42]), rng.standard_normal((3, 4)).astype(np.float32)
+    param, state = optim.host_copy(table, applier.init(jnp.asarray(table)))
+    state = applier.sparse(param, state, ids, grads)
+    rows = jnp.asarray(table[ids])
+    updates, _ = tx.update(jnp.asarray(grads), tx.init(rows), rows)
+    assert np.allclose(param[ids], np.asarray(optax.apply_updates(rows, updates)), atol=1e-6)
+    assert np.array_equal(np.delete(param, ids, axis=0), np.delete(table, ids, axis=0))
+    assert int(state[0].count) == 1
 
 
 def test_duplicate_rows_are_summed() -> None:

@@ -118,14 +118,16 @@ class PushReply(_message.Message):
     def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., accepted: _Optional[bool] = ..., step: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("id", "names", "min_step")
+    __slots__ = ("id", "names", "min_step", "selections")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAMES_FIELD_NUMBER: _ClassVar[int]
     MIN_STEP_FIELD_NUMBER: _ClassVar[int]
+    SELECTIONS_FIELD_NUMBER: _ClassVar[int]
     id: _tensor_pb2.Identity
     names: _containers.RepeatedScalarFieldContainer[str]
     min_step: int
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., names: _Optional[_Iterable[str]] = ..., min_step: _Optional[int] = ...) -> None: ...
+    selections: _containers.RepeatedCompositeFieldContainer[RowSelection]
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., names: _Optional[_Iterable[str]] = ..., min_step: _Optional[int] = ..., selections: _Optional[_Iterable[_Union[RowSelection, _Mapping]]] = ...) -> None: ...
 
 class RowSelection(_message.Message):
     __slots__ = ("name", "rows")

@@ -143,10 +143,12 @@ class ParameterServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PushPull(self, request, context):
-        """One training step of a small model in one round trip: pushes a gradient (as Push), then
-        replies with the values of the same shards (as Pull, after header.min_step). Request and
-        reply are single Frames whose data holds every tensor of the header back to back, in
-        header order; a model whose shards on a ps exceed one chunk uses Push and Pull instead.
+        """One training step of a small model in one round trip: pushes a gradient (as Push; tensors
+        with TensorSpec.rows set are embedding rows, as SparsePush), then replies with the values
+        of the same dense shards (as Pull, after header.min_step), or with the header alone when
+        header.push_only is set. Request and reply are single Frames whose data holds every tensor
+        of the header back to back, in header order; a model whose dense shards on a ps exceed one
+        chunk uses Push and Pull instead.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -154,7 +156,8 @@ class ParameterServerServicer:
 
     def PullPacked(self, request, context):
         """Pull in one message, for shards that fit one frame per ps: the reply's data holds every
-        tensor of its header back to back (the packed form of PushPull's reply).
+        tensor of its header back to back (the packed form of PushPull's reply), the dense shards
+        first, then the requested rows.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

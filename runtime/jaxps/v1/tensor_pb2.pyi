@@ -31,7 +31,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., rows: _Optional[bytes] = ...) -> None: ...
 
 class FrameHeader(_message.Message):
-    __slots__ = ("id", "step", "tensors", "push_id", "min_step", "accepted", "reason")
+    __slots__ = ("id", "step", "tensors", "push_id", "min_step", "accepted", "reason", "push_only")
     ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class FrameHeader(_message.Message):
     MIN_STEP_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    PUSH_ONLY_FIELD_NUMBER: _ClassVar[int]
     id: Identity
     step: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
@@ -46,7 +47,8 @@ class FrameHeader(_message.Message):
     min_step: int
     accepted: bool
     reason: str
-    def __init__(self, id: _Optional[_Union[Identity, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., push_id: _Optional[str] = ..., min_step: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    push_only: bool
+    def __init__(self, id: _Optional[_Union[Identity, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., push_id: _Optional[str] = ..., min_step: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., push_only: _Optional[bool] = ...) -> None: ...
 
 class Frame(_message.Message):
     __slots__ = ("header", "tensor", "offset", "data")
