@@ -144,12 +144,16 @@ class PsClient:
     def _each(self, fn: Callable[[int], T]) -> list[T]:
         """Runs fn(ps) for every ps at once and waits for all of them; then raises the first
         error (by ps index), if any. No call is still in flight when this returns or raises:
-        a caller that goes on after an error must not race a call it started."""
-        if len(self.addresses) == 1:
-            return [fn(0)]
-        running = [self._pool.submit(fn, i) for i in range(len(self.addresses))]
-        futures_wait(running)
-        return [f.result() for f in running]
+        a caller that goes on after an error must not race a call it started.
+
+        ps 0 runs in the calling thread, the others on the pool's threads, which live as long
+        as the client (a grpc future would start a thread per channel and burst of calls)."""
+        running = [self._pool.submit(fn, i) for i in range(1, len(self.addresses))]
+        try:
+            first = fn(0)
+        finally:
+            futures_wait(running)
+        return [first, *(f.result() for f in running)]
 
     # --- control ----------------------------------------------------------------------------
 
@@ -487,34 +491,18 @@ class PsClient:
     def _packed_calls(
         self, method: str, calls: Sequence[tuple[list[Sink], Any]]
     ) -> list[ps_pb2.PushReply]:
-        """Runs a unary packed call on every ps at once (grpc futures, no thread each) and hands
-        each tensor of the replies to its sink. A transient failure is retried with the same
-        request (a push keeps its push_id, so it is applied once); the first other failure is
-        raised once every call has finished."""
-        futures = []
-        for ps, (_, request) in enumerate(calls):
-            unary: Any = self._calls[ps][method]
-            futures.append(unary.future(request))
-        replies: list[ps_pb2.PushReply] = []
-        failure: PsClientError | None = None
-        for ps, ((sinks, request), future) in enumerate(zip(calls, futures, strict=True)):
-            try:
-                try:
-                    raw = self._call(ps, method, future.result)
-                except PsClientError as err:
-                    if err.code not in TRANSIENT:
-                        raise
-                    raw = self._retrying(ps, functools.partial(self._once, ps, method, request))
-                replies.append(self._unpack(ps, raw, sinks, method=method))
-            except PsClientError as err:
-                failure = failure or err  # the others still finish: none stays in flight
-        if failure is not None:
-            raise failure
-        return replies
+        """Runs a unary packed call on every ps at once and hands each tensor of the replies
+        to its sink. A transient failure is retried with the same request (a push keeps its
+        push_id, so it is applied once)."""
 
-    def _once(self, ps: int, method: str, request: Any) -> bytes:
-        raw: bytes = self._call(ps, method, lambda: self._calls[ps][method](request))
-        return raw
+        def one(ps: int) -> ps_pb2.PushReply:
+            sinks, request = calls[ps]
+            raw: bytes = self._retrying(
+                ps, lambda: self._call(ps, method, lambda: self._calls[ps][method](request))
+            )
+            return self._unpack(ps, raw, sinks, method=method)
+
+        return self._each(one)
 
     def _unpack(
         self, ps: int, raw: bytes, sinks: Sequence[Sink], *, method: str

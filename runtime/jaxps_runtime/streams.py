@@ -10,6 +10,7 @@ Not thread-safe: one `Assembler` per stream.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -52,7 +53,7 @@ class Spec:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize  # math.prod: ~20x np.prod on tuples
 
     @classmethod
     def from_proto(cls, msg: tensor_pb2.TensorSpec, *, where: str) -> Spec:
