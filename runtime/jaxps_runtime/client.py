@@ -1,9 +1,9 @@
 """The client side of the ps tier: pull and push whole pytrees across every ps, in parallel.
 
-One channel per ps, reused for the life of the client; one thread per ps runs that ps's stream,
-so all ps tasks transfer at once. A pull writes each chunk straight into the final array of its
-variable (a shard is a contiguous byte range of its variable); a push streams byte ranges of
-the gradient arrays without copying them first.
+One channel per ps, reused for the life of the client; the calling thread talks to ps 0 and one
+long-lived pool thread to each other ps, so all ps tasks transfer at once. A pull writes each
+chunk straight into the final array of its variable (a shard is a contiguous byte range of its
+variable); a push streams byte ranges of the gradient arrays without copying them first.
 
 Thread-safety: one call at a time per client (pull, push and the rest share per-ps streams'
 executor and the incarnations the client has seen). Use one client per thread of work.
