@@ -283,22 +283,23 @@ class ParameterServicer:
         views = streams.unpack(decoded.data, specs, where="PushPull")
         # Tensors with rows are embedding rows (as SparsePush), the others dense shards (as Push).
         sparse = [i for i, t in enumerate(header.tensors) if t.rows]
-        targets = self._row_targets(header, specs, sparse, where="PushPull")
-        for i, t in enumerate(header.tensors):  # checked before any row is applied
-            if not t.rows:
+        dense_at = [i for i, t in enumerate(header.tensors) if not t.rows]
+        dense = header
+        if sparse:
+            targets = self._row_targets(header, specs, sparse, where="PushPull")
+            for i in dense_at:  # checked before any row is applied: a refusal changes nothing
                 store.matching(specs[i], where=f"PushPull.tensors[{i}]")
-        dense = tensor_pb2.FrameHeader()
-        dense.CopyFrom(header)
-        del dense.tensors[:]
-        dense.tensors.extend(t for t in header.tensors if not t.rows)
-        self._apply_rows(
-            [(held, ids, views[i]) for i, (held, ids) in zip(sparse, targets, strict=True)],
-            specs=[specs[i] for i in sparse],
-            push_id=header.push_id,
-        )
+            dense = tensor_pb2.FrameHeader()
+            dense.CopyFrom(header)
+            del dense.tensors[:]
+            dense.tensors.extend(header.tensors[i] for i in dense_at)
+            self._apply_rows(
+                [(held, ids, views[i]) for i, (held, ids) in zip(sparse, targets, strict=True)],
+                specs=[specs[i] for i in sparse],
+                push_id=header.push_id,
+            )
         chunks = [
-            codec.Decoded(tensor_pb2.Frame(tensor=n), views[i])
-            for n, i in enumerate(i for i, t in enumerate(header.tensors) if not t.rows)
+            codec.Decoded(tensor_pb2.Frame(tensor=n), views[i]) for n, i in enumerate(dense_at)
         ]
         result = self._push(dense, iter(chunks), where="PushPull")
         names = [] if header.push_only else [t.name for t in dense.tensors]
