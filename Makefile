@@ -12,8 +12,11 @@ export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)/operator
 # JAX on this machine is CPU only; keep its start-up quiet and its threads bounded.
 export JAX_PLATFORMS ?= cpu
 
-.PHONY: help install run test test-unit test-process test-cluster lint format verify protos bench bench-tf clean \
-	control-plane cluster-up cluster-down
+.PHONY: help install run test test-unit test-process test-cluster test-e2e lint format verify protos \
+	bench bench-tf clean control-plane node images cluster-up cluster-down
+# Debian packages of the one-node cluster and the image builder (hack/node.py, hack/image.py)
+NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack mmdebstrap openssl gcc
+TIMED := JAXPS_TIMES=$(CURDIR)/.work/times hack/timed.sh
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -31,8 +34,16 @@ install: $(STAMP) ## Install jaxps and its tools into .venv (Python packages; ap
 run: install ## Run examples/mnist.yaml on this machine (jaxps local): 2 ps + 2 workers, sync
 	$(VENV)/bin/jaxps local examples/mnist.yaml
 
-test: install control-plane ## Run every test tier (unit, process, cluster)
-	$(PY) -m pytest -q tests
+test: install ## make verify, the builds, then every tier (unit, process, cluster, e2e), each timed
+	@mkdir -p .work && rm -f .work/times
+	@$(TIMED) "verify" $(MAKE) --no-print-directory verify
+	@$(TIMED) "build: control plane and node" $(MAKE) --no-print-directory node
+	@$(TIMED) "build: images" $(MAKE) --no-print-directory images
+	@$(TIMED) "tier: unit" $(PY) -m pytest -q tests/unit
+	@$(TIMED) "tier: process" $(PY) -m pytest -q tests/process
+	@$(TIMED) "tier: cluster" $(PY) -m pytest -q tests/cluster
+	@$(TIMED) "tier: e2e (node up, tests, down)" $(PY) -m pytest -q tests/e2e
+	@echo "--- make test: time per phase ---" && cat .work/times
 
 test-unit: install ## Run the unit tests only
 	$(PY) -m pytest -q tests/unit
@@ -42,6 +53,9 @@ test-process: install ## Run the process tests only (real ps processes on 127.0.
 
 test-cluster: install control-plane ## Run the cluster tests only (a real control plane and the operator)
 	$(PY) -m pytest -q tests/cluster
+
+test-e2e: install node images ## Run the e2e tests only (a real one-node cluster: pods run the runtime)
+	$(PY) -m pytest -q tests/e2e
 
 lint: install ## ruff lint and format check
 	$(VENV)/bin/ruff check .
@@ -77,12 +91,21 @@ bench-tf: install $(TF_STAMP) ## jaxps vs TensorFlow's own ps runtime, same work
 control-plane: ## Build kube-apiserver, controller-manager, scheduler, kubectl, etcd and helm once (cached outside the repo)
 	hack/control-plane.sh build
 
-cluster-up: control-plane ## Start the control plane on 127.0.0.1; writes .cluster/kubeconfig
-	$(PYTHON_SYSTEM) hack/cluster.py up --dir .cluster
+node: ## Build kubelet, kube-proxy and CoreDNS too (cached) and install the node's Debian packages
+	hack/apt-install.sh $(NODE_PACKAGES)
+	hack/control-plane.sh node
+
+images: install ## Build the runtime and operator images without a registry (cached by content)
+	hack/apt-install.sh $(NODE_PACKAGES)
+	$(PYTHON_SYSTEM) hack/image.py build runtime
+	$(PYTHON_SYSTEM) hack/image.py build operator
+
+cluster-up: node images ## Start a one-node cluster (root) with the operator installed; writes .cluster/kubeconfig
+	$(PYTHON_SYSTEM) hack/node.py up --dir .cluster --with-jaxps
 	@echo "export KUBECONFIG=$(CURDIR)/.cluster/kubeconfig PATH=$$(hack/control-plane.sh bin):\$$PATH"
 
-cluster-down: ## Stop the control plane started by cluster-up and remove its state
-	$(PYTHON_SYSTEM) hack/cluster.py down --dir .cluster
+cluster-down: ## Stop everything cluster-up started; remove its pods, mounts, interfaces and state
+	$(PYTHON_SYSTEM) hack/node.py down --dir .cluster
 
 bench: install control-plane ## Run the benchmarks (JSON lines on stdout)
 	$(PY) bench/transport.py

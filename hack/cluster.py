@@ -110,7 +110,14 @@ def _get(url: str, *, token: str | None = None) -> tuple[int, bytes]:
         return int(err.code), b""
 
 
-def up(state: Path) -> None:
+def up(state: Path, *, address: str = "127.0.0.1", node_pki: Path | None = None) -> str:
+    """Starts the control plane; returns the API server's URL.
+
+    `address` is where the API server listens and what it advertises (the `kubernetes`
+    Service's endpoint). With `node_pki` (hack/node.py: a real kubelet), it also admits
+    ServiceAccount tokens into pods, publishes its CA as kube-root-ca.crt, and reaches the
+    kubelet over TLS with a client certificate, checking the kubelet's serving certificate.
+    """
     bin_dir = binaries()
     missing = [
         b
@@ -153,15 +160,26 @@ def up(state: Path) -> None:
         ],
     )
     _wait(state, "etcd", lambda: _get(f"{etcd_url}/health")[0] == 200, f"{etcd_url}/health")
-    server = f"https://127.0.0.1:{api_port}"
+    server = f"https://{address}:{api_port}"
+    node_flags = (
+        [
+            f"--kubelet-client-certificate={node_pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={node_pki / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={node_pki / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP",
+        ]
+        if node_pki
+        # no kubelet: pods are created by tests without their ServiceAccount's token
+        else ["--disable-admission-plugins=ServiceAccount"]
+    )
     _start(
         state,
         "kube-apiserver",
         [
             str(bin_dir / "kube-apiserver"),
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={address}",
+            f"--advertise-address={address}",
             f"--secure-port={api_port}",
             f"--cert-dir={pki}",
             f"--token-auth-file={pki / 'tokens.csv'}",
@@ -171,7 +189,7 @@ def up(state: Path) -> None:
             f"--service-account-issuer={server}",
             f"--service-account-key-file={pki / 'sa.key'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--disable-admission-plugins=ServiceAccount",
+            *node_flags,
         ],
     )
     _wait(
@@ -213,6 +231,8 @@ def up(state: Path) -> None:
             "--bind-address=127.0.0.1",
             f"--secure-port={free_port()}",
             f"--service-account-private-key-file={pki / 'sa.key'}",
+            # pods' kube-root-ca.crt: what an in-cluster client trusts the API server with
+            f"--root-ca-file={pki / 'apiserver.crt'}",
             "--use-service-account-credentials=false",
             "--concurrent-gc-syncs=5",
         ],
@@ -241,15 +261,17 @@ def up(state: Path) -> None:
     _wait(state, "kube-scheduler", lambda: True, "started")
     kubeconfig.rename(state / "kubeconfig")
     print(f"control plane up at {server}; KUBECONFIG={state / 'kubeconfig'}")
+    return server
 
 
-def down(state: Path) -> None:
+def down(state: Path, *, grace: float = STOP_TIMEOUT) -> None:
+    """Stops the processes (SIGTERM, SIGKILL after `grace` seconds) and removes `state`."""
     pids = state / "pids"
     names = sorted(p.name for p in pids.iterdir()) if pids.is_dir() else []
     for name in names:
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.killpg(int((pids / name).read_text()), signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT
+    deadline = time.monotonic() + grace
     for name in names:
         while _alive(state, name) and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -3,12 +3,16 @@
 # cache outside the repo (research/operator-testing-and-kopf.md, sections 1.3-1.4):
 #   hack/control-plane.sh build    kube-apiserver, kube-controller-manager, kube-scheduler,
 #                                  kubectl (k8s.io/kubernetes v$K8S_VERSION), etcd and helm
+#   hack/control-plane.sh node     kubelet and kube-proxy (same module) and CoreDNS, for the
+#                                  one-node cluster of the e2e tier (hack/node.py)
 #   hack/control-plane.sh bin      prints the directory holding the binaries
 # Idempotent: a finished build (stamp file) is reused. Needs Go >= 1.24 and the module proxy.
+# Stay on Kubernetes 1.34 for the node: newer kubelets leave cgroup v1 and containerd 1.x behind.
 set -euo pipefail
 K8S_VERSION=${K8S_VERSION:-1.34.1}
 ETCD_VERSION=${ETCD_VERSION:-3.6.4}
 HELM_VERSION=${HELM_VERSION:-3.19.5}
+COREDNS_VERSION=${COREDNS_VERSION:-1.13.1}
 CACHE=${JAXPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jaxps}
 ROOT="$CACHE/k8s-v$K8S_VERSION"
 BIN="$ROOT/bin"
@@ -17,24 +21,8 @@ export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then export PATH=/usr/local/go/bin:$PATH; fi
 export GOPATH=${GOPATH:-$CACHE/gopath} GOCACHE=${GOCACHE:-$CACHE/gocache}
 
-helm() {
-  if [ -x "$BIN/helm" ]; then return; fi
-  echo "building helm v$HELM_VERSION into $BIN (once)"
-  mkdir -p "$BIN"
-  # helm's go.mod has no replace directives, so plain `go install` works
-  GOBIN="$BIN" go install -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION" \
-    "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"
-  "$BIN/helm" version --short
-}
-
-build() {
-  command -v go >/dev/null || { echo "need the Go toolchain (>= 1.24)"; exit 1; }
-  helm
-  if [ -f "$ROOT/.built" ]; then echo "control plane v$K8S_VERSION already built in $BIN"; return; fi
-  command -v go >/dev/null || { echo "need the Go toolchain (>= 1.24)"; exit 1; }
-  mkdir -p "$BIN" "$ROOT/k8sbins" "$ROOT/etcdbin"
-  echo "building Kubernetes v$K8S_VERSION and etcd v$ETCD_VERSION into $BIN (once; 10-40 min)"
+k8s_build() {
+  mkdir -p "$BIN" "$ROOT/k8sbins"
   (
     cd "$ROOT/k8sbins"
     [ -f go.mod ] || go mod init local.test/k8sbins
@@ -54,9 +42,11 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 GO
-    go mod tidy
+    [ -f go.sum ] && grep -q kube-proxy tools.go.done 2>/dev/null || { go mod tidy && cp tools.go tools.go.done; }
     minor=$(echo "$K8S_VERSION" | cut -d. -f2)
     ldflags="-s -w"
     for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -64,10 +54,30 @@ GO
       ldflags="$ldflags -X $p.gitTreeState=clean -X $p.gitCommit=0000000"
       ldflags="$ldflags -X $p.buildDate=1970-01-01T00:00:00Z"
     done
-    go build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$ldflags" -o "$BIN/" \
-      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+    go build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$ldflags" -o "$BIN/" "$@"
   )
+}
+
+helm() {
+  if [ -x "$BIN/helm" ]; then return; fi
+  echo "building helm v$HELM_VERSION into $BIN (once)"
+  mkdir -p "$BIN"
+  # helm's go.mod has no replace directives, so plain `go install` works
+  GOBIN="$BIN" go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"
+  "$BIN/helm" version --short
+}
+
+build() {
+  command -v go >/dev/null || { echo "need the Go toolchain (>= 1.24)"; exit 1; }
+  helm
+  if [ -f "$ROOT/.built" ]; then echo "control plane v$K8S_VERSION already built in $BIN"; return; fi
+  command -v go >/dev/null || { echo "need the Go toolchain (>= 1.24)"; exit 1; }
+  mkdir -p "$BIN" "$ROOT/k8sbins" "$ROOT/etcdbin"
+  echo "building Kubernetes v$K8S_VERSION and etcd v$ETCD_VERSION into $BIN (once; 10-40 min)"
+  k8s_build k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
   (
     cd "$ROOT/etcdbin"
     [ -f go.mod ] || go mod init local.test/etcdbin
@@ -79,8 +89,24 @@ GO
   touch "$ROOT/.built"
 }
 
+# kubelet and kube-proxy come from the same module as the control plane (+35 s on its cache);
+# CoreDNS has no replace directives in its go.mod, so plain `go install` works.
+node() {
+  command -v go >/dev/null || { echo "need the Go toolchain (>= 1.24)"; exit 1; }
+  if [ ! -x "$BIN/kubelet" ] || [ ! -x "$BIN/kube-proxy" ]; then
+    echo "building kubelet and kube-proxy v$K8S_VERSION into $BIN (once)"
+    k8s_build k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
+  fi
+  if [ ! -x "$BIN/coredns" ]; then
+    echo "building CoreDNS v$COREDNS_VERSION into $BIN (once)"
+    GOBIN="$BIN" go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@v$COREDNS_VERSION"
+  fi
+  "$BIN/kubelet" --version
+}
+
 case "${1:-}" in
   build) build ;;
+  node) build && node ;;
   bin) echo "$BIN" ;;
-  *) echo "usage: $0 build|bin"; exit 2 ;;
+  *) echo "usage: $0 build|node|bin"; exit 2 ;;
 esac

@@ -207,6 +207,7 @@ def run_operator(args: argparse.Namespace) -> int:
             liveness=args.liveness or None,
             peering=args.peering,
             priority=args.priority,
+            image=args.runtime_image,
         )
     )
     return EXIT_SUCCEEDED
@@ -281,6 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=_priority,
         default=0,
         help="this replica's peering priority, or 'random' (default 0)",
+    )
+    ops.add_argument(
+        "--runtime-image",
+        default=planner.DEFAULT_IMAGE,
+        metavar="IMAGE",
+        help=f"the image of task pods whose template names none (default {planner.DEFAULT_IMAGE})",
     )
     ops.set_defaults(run=run_operator)
     args = parser.parse_args(argv)

@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import os
+import socket
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +54,7 @@ class Options:
     liveness: str | None = "http://0.0.0.0:8080/healthz"
     peering: str | None = None  # None: standalone (one replica)
     priority: int = 0
+    image: str = planner.DEFAULT_IMAGE  # the runtime image of pods whose template names none
 
 
 class Metrics:
@@ -131,6 +134,7 @@ class Reconciler:
     api: kube.Api
     metrics: Metrics
     progress_interval: float = 10.0
+    image: str = planner.DEFAULT_IMAGE
     invalid: set[str] = field(default_factory=set)  # uids already reported as invalid
     validated: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     pool: ThreadPoolExecutor = field(
@@ -157,7 +161,9 @@ class Reconciler:
         job["metadata"] = meta
         job["status"] = raw.get("status") or {}
         observed = [s for p in pods if (s := pod_state(p, meta["uid"])) is not None]
-        plan = planner.plan(job, observed, datetime.now(UTC), service_exists=service_exists)
+        plan = planner.plan(
+            job, observed, datetime.now(UTC), service_exists=service_exists, image=self.image
+        )
         # deletes, then creates, each batch in parallel (a job's pods appear together)
         gone = list(self.pool.map(lambda n: self.api.delete_pod(namespace, n), plan.delete))
         deleted = [n for n, ok in zip(plan.delete, gone, strict=True) if ok]
@@ -204,13 +210,14 @@ class Reconciler:
 
     @staticmethod
     def _chief(job: Mapping[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """The chief's pod while it runs and has an IP."""
+        """The chief's pod while it runs with an IP, or once it has succeeded."""
         name = planner.pod_name(job, *planner.chief_task(job))
         for p in pods:
             status = p.get("status") or {}
-            if (
-                p["metadata"]["name"] == name
-                and status.get("phase") == "Running"
+            if p["metadata"]["name"] != name:
+                continue
+            if status.get("phase") == "Succeeded" or (
+                status.get("phase") == "Running"
                 and status.get("podIP")
                 and not p["metadata"].get("deletionTimestamp")
             ):
@@ -219,6 +226,15 @@ class Reconciler:
 
     @staticmethod
     def _progress(chief: Mapping[str, Any], previous: Mapping[str, Any]) -> dict[str, Any]:
+        """The chief's final summary (its termination message) once it ended, else its metrics."""
+        status = chief.get("status") or {}
+        for container in status.get("containerStatuses") or []:
+            ended = (container.get("state") or {}).get("terminated") or {}
+            done = progress.summary(ended.get("message"))
+            if done is not None:
+                return progress.final(previous, done)
+        if status.get("phase") != "Running":
+            return dict(previous)
         port = planner.metrics_port(chief["spec"]["containers"][0])
         return progress.merge(previous, progress.read_metrics(chief["status"]["podIP"], port))
 
@@ -434,6 +450,14 @@ def registry(controller: Controller) -> kopf.OperatorRegistry:
     return reg
 
 
+def identity() -> str:
+    """This replica's name among peers: the pod's name (the chart's POD_ID), else host and pid.
+
+    kopf would otherwise ask `getpass.getuser()`, which fails in an image that runs as a uid
+    with no passwd entry (the operator image runs as 65532)."""
+    return os.environ.get("POD_ID") or f"{socket.gethostname()}-{os.getpid()}"
+
+
 def run(options: Options) -> None:
     """Runs the operator until SIGTERM or SIGINT."""
     kube.load_config()
@@ -441,7 +465,10 @@ def run(options: Options) -> None:
     controller = Controller(
         options=options,
         reconciler=Reconciler(
-            api=kube.Api(), metrics=metrics, progress_interval=options.progress_interval
+            api=kube.Api(),
+            metrics=metrics,
+            progress_interval=options.progress_interval,
+            image=options.image,
         ),
         metrics=metrics,
     )
@@ -451,6 +478,7 @@ def run(options: Options) -> None:
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # not a line per watch event
     kopf.run(
         registry=registry(controller),
+        identity=identity(),  # type: ignore[arg-type]
         standalone=options.peering is None,
         peering_name=options.peering,
         priority=options.priority,

@@ -233,14 +233,7 @@ class LocalJob:
         metrics = progress.read_metrics("127.0.0.1", self.ports[self.chief_name()][1])
         current = progress.merge(self.job.get("status", {}).get("progress") or {}, metrics)
         summary = self.read_summary()
-        if summary is not None:
-            current["step"] = summary.get("step", current.get("step", 0))
-            current["eval"] = {
-                k: v for k, v in (summary.get("eval") or {}).items() if v is not None
-            }
-            if summary.get("lastCheckpointStep") is not None:
-                current["lastCheckpointStep"] = summary["lastCheckpointStep"]
-        return current
+        return current if summary is None else progress.final(current, summary)
 
     def read_summary(self) -> dict[str, Any] | None:
         """The chief's `{"event": "done", ...}` line, once it printed it."""
@@ -249,11 +242,8 @@ class LocalJob:
         log = self.workdir / f"{self.chief_name()}.log"
         if not log.exists():
             return None
-        for line in reversed(log.read_text(errors="replace").splitlines()):
-            if line.startswith('{"event": "done"'):
-                self.summary = json.loads(line)
-                return self.summary
-        return None
+        self.summary = progress.summary(log.read_text(errors="replace"))
+        return self.summary
 
 
 def run(

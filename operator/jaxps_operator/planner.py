@@ -42,7 +42,9 @@ from jaxps_runtime import cluster
 ROLES = ("chief", "ps", "worker", "evaluator")
 PORT = 2222
 METRICS_PORT = 9090
-DEFAULT_IMAGE = "ghcr.io/jaxps/runtime:latest"
+# The operator's --runtime-image overrides it. Never `:latest`: that tag makes the kubelet pull
+# on every start, which fails on nodes that load images without a registry.
+DEFAULT_IMAGE = "ghcr.io/jaxps/runtime:0.1.0"
 LABEL_JOB, LABEL_ROLE, LABEL_INDEX = (
     "jaxps.dev/job-name",
     "jaxps.dev/replica-type",
@@ -179,8 +181,10 @@ def metrics_port(container: Mapping[str, Any]) -> int:
     return METRICS_PORT
 
 
-def pod(job: Mapping[str, Any], role: str, index: int) -> dict[str, Any]:
-    """The pod of one task: its template, plus what jaxps needs."""
+def pod(
+    job: Mapping[str, Any], role: str, index: int, *, image: str = DEFAULT_IMAGE
+) -> dict[str, Any]:
+    """The pod of one task: its template, plus what jaxps needs; `image` unless it names one."""
     spec = job["spec"]
     template = copy.deepcopy(spec["replicaSpecs"][role].get("template") or {})
     pod_spec = template.setdefault("spec", {})
@@ -189,7 +193,7 @@ def pod(job: Mapping[str, Any], role: str, index: int) -> dict[str, Any]:
         containers.append({"name": "jaxps"})
     main = containers[0]
     main.setdefault("name", "jaxps")
-    main.setdefault("image", DEFAULT_IMAGE)
+    main.setdefault("image", image)
     main.setdefault("command", ["python", "-m", "jaxps_runtime"])
     name = pod_name(job, role, index)
     metrics = metrics_port(main)
@@ -329,6 +333,7 @@ def plan(
     now: datetime,
     *,
     service_exists: bool = True,
+    image: str = DEFAULT_IMAGE,
 ) -> Plan:
     """The Plan for `job` (validated, defaults applied) given its pods at `now` (aware UTC)."""
     out = Plan()
@@ -378,6 +383,7 @@ def plan(
             now=now,
             generation=generation,
             service_exists=service_exists,
+            image=image,
         )
         finished = _is_true(status, "Succeeded") or _is_true(status, "Failed")
     if finished:
@@ -398,6 +404,7 @@ def _run(
     now: datetime,
     generation: int,
     service_exists: bool,
+    image: str,
 ) -> None:
     mark = _marker(status, now=now, generation=generation)
     spec, run = job["spec"], job["spec"]["runPolicy"]
@@ -452,7 +459,7 @@ def _run(
             p = pods.get((role, index))
             task = f"{role} {index}"
             if p is None:
-                out.create.append(pod(job, role, index))
+                out.create.append(pod(job, role, index, image=image))
                 continue
             if p.deleting:
                 restarting.append(task)  # recreated once it is gone, never before

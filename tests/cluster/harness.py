@@ -360,7 +360,7 @@ class Jobs:
             "containerStatuses": [
                 {
                     "name": "jaxps",
-                    "image": "ghcr.io/jaxps/runtime:latest",
+                    "image": "ghcr.io/jaxps/runtime:0.1.0",
                     "imageID": "",
                     "ready": running,
                     "restartCount": 0,

@@ -1,0 +1,300 @@
+"""TrainingJobs on a real node: the runtime in containers, the operator in-cluster.
+
+Each test gets its own namespace; kill tests SIGKILL the container's process on the node, as a
+crash or the OOM killer would, and the job must still succeed with an undisturbed run's
+accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.cluster.harness import ROOT, wait_for
+from tests.e2e.harness import (
+    RELEASE_NAMESPACE,
+    E2eJobs,
+    Installed,
+    chief_step,
+    keep,
+    manifest,
+    namespace,
+    phase,
+)
+
+pytestmark = pytest.mark.e2e
+
+# Long enough to kill a task between two checkpoints and see training resume; short enough for
+# a 2-core machine. Sync, so a dead ps stops every step until it is back and rolled back.
+STEPS, EVERY = 2000, 200
+# A disturbed run may lose a little to a rollback; more than this is a real difference.
+ACCURACY_SLACK = 0.03
+
+
+def training_job(name: str, *, chief: bool = False, steps: int = STEPS) -> dict[str, Any]:
+    replicas: dict[str, Any] = {"ps": {"replicas": 2}, "worker": {"replicas": 2}}
+    if chief:
+        replicas["chief"] = {"replicas": 1}
+    return {
+        "apiVersion": "jaxps.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicaSpecs": replicas,
+            "training": {
+                "model": {"name": "mlp", "kwargs": {"hidden": [64]}},
+                "dataset": {"name": "digits"},
+                "mode": "sync",
+                "steps": steps,
+                "batchSize": 32,
+                "optimizer": {"name": "adam", "kwargs": {"learning_rate": 0.01}},
+                "checkpoint": {
+                    "dir": "/checkpoints",
+                    "claimName": f"{name}-checkpoints",
+                    "everySteps": EVERY,
+                    "keep": 3,
+                },
+                "heartbeatSeconds": 0.5,
+                "workerTimeoutSeconds": 10,
+                "logEverySeconds": 2,
+            },
+        },
+    }
+
+
+def start(jobs: E2eJobs, body: dict[str, Any]) -> str:
+    name = str(body["metadata"]["name"])
+    jobs.checkpoint_claim(f"{name}-checkpoints")
+    jobs.apply(body)
+    return name
+
+
+def accuracy(job: dict[str, Any]) -> float:
+    evaluation = job["status"]["progress"].get("eval") or {}
+    assert "accuracy" in evaluation, f"no eval accuracy in {job['status']['progress']}"
+    return float(evaluation["accuracy"])
+
+
+def summary(jobs: E2eJobs, pod: str) -> dict[str, Any]:
+    """The chief's final JSON, as Kubernetes kept it: its container's termination message."""
+    terminated = jobs.pod(pod)["status"]["containerStatuses"][0]["state"].get("terminated") or {}
+    assert terminated.get("message"), f"pod {pod} ended without a termination message"
+    return dict(json.loads(terminated["message"]))
+
+
+def no_pod_left_running(jobs: E2eJobs, name: str) -> None:
+    wait_for(
+        lambda: all(
+            p["status"].get("phase") not in ("Pending", "Running") for p in jobs.pods(name).values()
+        ),
+        timeout=60,
+        what=f"no pod of {name} pending or running",
+    )
+
+
+def test_the_chart_runs_the_operator_in_cluster(installed: Installed) -> None:
+    pod = installed.ready_pod()
+    spec = pod["spec"]
+    assert spec["serviceAccountName"] == "jaxps"
+    container = spec["containers"][0]
+    assert container["image"] == installed.node.operator.ref
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # the in-cluster operator reached the API server through the `kubernetes` Service
+    assert "jaxps_operator" in installed.metrics()
+    # and the kubelet's probe passes: the container is never restarted for liveness
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+
+
+@pytest.fixture(scope="module")
+def undisturbed(installed: Installed) -> float:
+    """The accuracy of the kill tests' job when nothing is killed."""
+    with namespace(installed) as jobs:
+        name = start(jobs, training_job("calm"))
+        job = jobs.wait_done(name)
+    phase(
+        f"undisturbed run: accuracy {accuracy(job):.4f}, step {job['status']['progress']['step']}"
+    )
+    return accuracy(job)
+
+
+def test_the_mnist_example_trains_to_succeeded(jobs: E2eJobs) -> None:
+    body = manifest(ROOT / "examples" / "mnist.yaml")
+    jobs.checkpoint_claim(body["spec"]["training"]["checkpoint"]["claimName"])
+    jobs.kubectl("apply", "-f", str(ROOT / "examples" / "mnist.yaml"))
+    started = time.monotonic()
+    job = jobs.wait_done("mnist")
+    phase(f"mnist: Succeeded {time.monotonic() - started:.0f} s after apply")
+    progress = job["status"]["progress"]
+    assert progress["step"] == body["spec"]["training"]["steps"]
+    assert accuracy(job) >= 0.9
+    assert progress["lastCheckpointStep"] == body["spec"]["training"]["steps"]
+    no_pod_left_running(jobs, "mnist")
+    keep(jobs.kubectl("get", "tj,pods", "-o", "wide"), "mnist.txt")
+
+
+def kill_and_recover(
+    jobs: E2eJobs, name: str, victim: str, *, watch: str, rollback: bool
+) -> dict[str, Any]:
+    """Kills `victim` after the first checkpoint; returns the job once it succeeded and the
+    seconds from the kill to the next global step, read from `watch`'s metrics (after the
+    rollback to the checkpoint when `rollback`)."""
+    node = jobs.node
+    assert node is not None
+    jobs.wait_progress(name, "lastCheckpointStep", EVERY)
+    pod = jobs.running_pod(name, f"{name}-{victim}")
+    watched = jobs.running_pod(name, f"{name}-{watch}")
+    before = chief_step(watched) or 0
+    killed = node.kill(pod)
+    lowest, recovered = before, None
+    deadline = time.monotonic() + 240
+    while recovered is None and time.monotonic() < deadline:
+        step = chief_step(watched)
+        if step is not None and step < lowest:
+            lowest = step
+        elif step is not None and step > lowest and (lowest < before or not rollback):
+            recovered = time.monotonic() - killed
+        time.sleep(0.02)
+    failed = wait_for(
+        lambda: (
+            jobs.pods(name).get(pod["metadata"]["name"], {}).get("status", {}).get("phase")
+            != "Running"
+            or None
+        ),
+        timeout=60,
+        what=f"pod {pod['metadata']['name']} no longer running",
+    )
+    assert failed
+    replacement = jobs.running_pod(name, pod["metadata"]["name"])
+    assert replacement["metadata"]["uid"] != pod["metadata"]["uid"]
+    story = "\n".join(
+        [
+            f"$ kubectl get tj,pods -o wide   # after SIGKILL of {victim}",
+            jobs.kubectl("get", "tj,pods", "-o", "wide"),
+            f"$ kubectl describe tj {name}",
+            jobs.kubectl("describe", "tj", name),
+        ]
+    )
+    job = jobs.wait_done(name)
+    status = job["status"]
+    role = victim.rsplit("-", 1)[0]
+    assert status["restarts"] >= 1
+    assert status["replicaStatuses"][role]["restarts"] >= 1
+    jobs.wait_event(
+        name, "PodReplaced", f"(pod {pod['metadata']['name']}) failed with exit code 137"
+    )
+    line = f"{victim} killed at step {before}: " + (
+        f"next global step {recovered:.2f} s after SIGKILL (rolled back to {lowest})"
+        if recovered is not None
+        else "the next step was not seen on the metrics"
+    )
+    phase(line)
+    keep(f"{line}\n\n{story}\n", f"kill-{victim}.txt")
+    return {"job": job, "recovered": recovered, "before": before, "lowest": lowest}
+
+
+def test_a_killed_ps_is_replaced_and_every_ps_rolls_back_to_the_checkpoint(
+    jobs: E2eJobs, undisturbed: float
+) -> None:
+    name = start(jobs, training_job("killps"))
+    out = kill_and_recover(jobs, name, "ps-0", watch="worker-1", rollback=True)
+    assert out["recovered"] is not None, "training did not step again after the ps came back"
+    assert out["lowest"] % EVERY == 0
+    assert out["lowest"] < out["before"]
+    done = summary(jobs, f"{name}-worker-0")
+    assert done["recoveries"], "the chief recorded no recovery"
+    assert all(r["toStep"] % EVERY == 0 for r in done["recoveries"])
+    assert accuracy(out["job"]) >= undisturbed - ACCURACY_SLACK
+
+
+def test_a_killed_worker_is_replaced_and_training_goes_on(
+    jobs: E2eJobs, undisturbed: float
+) -> None:
+    name = start(jobs, training_job("killworker"))
+    out = kill_and_recover(jobs, name, "worker-1", watch="worker-0", rollback=False)
+    assert out["job"]["status"]["progress"]["step"] == STEPS
+    assert accuracy(out["job"]) >= undisturbed - ACCURACY_SLACK
+
+
+def test_a_killed_chief_is_replaced_and_adopts_the_live_ps(
+    jobs: E2eJobs, undisturbed: float
+) -> None:
+    name = start(jobs, training_job("killchief", chief=True))
+    out = kill_and_recover(jobs, name, "chief-0", watch="worker-0", rollback=False)
+    done = summary(jobs, f"{name}-chief-0")
+    assert done["startedFrom"]["step"] > 0, f"the new chief started over: {done['startedFrom']}"
+    assert out["job"]["status"]["progress"]["step"] == STEPS
+    assert accuracy(out["job"]) >= undisturbed - ACCURACY_SLACK
+
+
+def test_a_task_that_fails_for_good_fails_the_job_naming_it(jobs: E2eJobs) -> None:
+    body = training_job("broken", steps=100)
+    body["spec"]["replicaSpecs"]["worker"] = {
+        "replicas": 2,
+        "restartPolicy": "ExitCode",
+        "template": {
+            "spec": {
+                "containers": [
+                    {"name": "jaxps", "command": ["python", "-c", "raise SystemExit(3)"]}
+                ]
+            }
+        },
+    }
+    name = start(jobs, body)
+    failed = jobs.wait_condition(name, "Failed", timeout=180)
+    assert failed["reason"] == "ReplicaFailed"
+    assert "worker" in failed["message"]
+    assert "exit code 3" in failed["message"]
+    no_pod_left_running(jobs, name)
+    assert jobs.get(name)["status"]["restarts"] == 0  # type: ignore[index]
+
+
+def test_suspend_deletes_the_pods_and_resume_restarts_from_the_checkpoint(jobs: E2eJobs) -> None:
+    name = start(jobs, training_job("pause"))
+    checkpoint = jobs.wait_progress(name, "lastCheckpointStep", EVERY)
+    jobs.patch_spec(name, {"runPolicy": {"suspend": True}})
+    jobs.wait_condition(name, "Suspended", timeout=60)
+    wait_for(lambda: not jobs.pods(name), timeout=90, what=f"every pod of {name} deleted")
+    jobs.patch_spec(name, {"runPolicy": {"suspend": False}})
+    job = jobs.wait_done(name)
+    done = summary(jobs, f"{name}-worker-0")
+    assert done["startedFrom"]["how"] == "restored"
+    assert done["startedFrom"]["step"] >= checkpoint
+    assert job["status"]["progress"]["step"] == STEPS
+
+
+def test_a_deleted_operator_pod_is_replaced_and_carries_on_without_duplicates(
+    jobs: E2eJobs, installed: Installed
+) -> None:
+    name = start(jobs, training_job("orphan"))
+    jobs.wait_progress(name, "step", 100)
+    seen: set[str] = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.update(p["metadata"]["uid"] for p in jobs.pods(name).values())
+            stop.wait(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    old = installed.ready_pod()
+    jobs.cluster.kubectl(
+        "delete", "pod", "-n", RELEASE_NAMESPACE, old["metadata"]["name"], "--wait=false"
+    )
+    new = wait_for(
+        lambda: (p := installed.pod()) and p["metadata"]["uid"] != old["metadata"]["uid"] and p,
+        timeout=120,
+        what="a new operator pod",
+    )
+    assert new
+    installed.ready_pod()
+    job = jobs.wait_done(name)
+    stop.set()
+    watcher.join()
+    assert len(seen) == 4, f"pods were created more than once: {len(seen)} uids for 4 tasks"
+    assert job["status"]["restarts"] == 0
