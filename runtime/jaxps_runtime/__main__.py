@@ -2,7 +2,9 @@
 
 The task comes from TF_CONFIG (TensorFlow's format) or from TF1's flags
 (--ps_hosts --worker_hosts [--chief_hosts --evaluator_hosts] --job_name --task_index); the job's
-identity from JAXPS_JOB_UID (or JAXPS_JOB_NAME). Exit codes: 0 done, 1 failed, 2 bad input.
+identity from JAXPS_JOB_UID (or JAXPS_JOB_NAME). Exit codes: 0 done, 1 failed, 2 bad input,
+128 + N stopped by signal N (143 for SIGTERM, 130 for SIGINT; a ps exits 0, see `server`).
+Every role stops cleanly and promptly on SIGTERM and SIGINT (`stopping`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
-from jaxps_runtime import cluster
+from jaxps_runtime import cluster, stopping
 
 EXIT_USAGE = 2
 log = logging.getLogger("jaxps_runtime")
@@ -95,6 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level,
         format=f"%(asctime)s %(levelname)s {task.name} %(name)s: %(message)s",
     )
+    # Before anything slow (jax's import): from here on a signal stops the task cleanly.
+    stop = stopping.Stop()
+    stopping.install(stop)
     job_id = os.environ.get("JAXPS_JOB_UID") or os.environ.get("JAXPS_JOB_NAME") or "jaxps"
     try:
         if task.type == cluster.PS:
@@ -113,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         training_file=args.training,
         training_env=os.environ.get("JAXPS_TRAINING"),
         metrics_port=metrics_port,
+        stop=stop,
     )
 
 

@@ -9,6 +9,9 @@
    evaluates (unless an evaluator did), writes the parameters to `exportPath` if set, shuts every
    ps down so none lingers, and prints one JSON summary as its last line on stdout (also to
    /dev/termination-log when that file exists, as Kubernetes reads it).
+Told to stop (SIGTERM, `stopping`), it ends its waits and calls and exits with
+`stopping.Stopped`, leaving the ps tasks serving (never Shutdown: a replacement chief adopts
+their state) and committing no checkpoint it has not got every shard of.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
-from jaxps_runtime import checkpoint, cluster, recovery, rpc, server
+from jaxps_runtime import checkpoint, cluster, recovery, rpc, server, stopping
 from jaxps_runtime.client import PsClient, PsClientError
 from jaxps_runtime.config import TrainingConfig
 from jaxps_runtime.coordinator import CoordinatorServicer, Membership
@@ -94,6 +97,8 @@ class Checkpointer:
                 self.save(client, step=step, epoch=epoch, cursors=cursors)
             except (PsClientError, OSError, checkpoint.CheckpointError) as err:
                 log.warning("checkpoint of step %d not committed: %s", step, err)
+            except stopping.Stopped as stopped:
+                log.info("checkpoint of step %d not committed: %s", step, stopped)
             finally:
                 client.close()
 
@@ -179,24 +184,28 @@ class Chief:
             code = self._watch(client)
             if worker_thread is not None:
                 worker_thread.join()
+                self.task.stop.check()  # worker-0 was stopped, not failed
                 if worker_result != [0]:
                     code = code or 1
             if code == 0:
                 try:
                     self._finish(client)
-                except BaseException:
+                except Exception:  # not on `stopping.Stopped`: the ps tasks are left serving
                     self._shutdown(client, reason="the chief failed while finishing")
                     raise
             else:
                 self._shutdown(client, reason="the chief failed")
             return code
         finally:
+            if worker_thread is not None and self.task.stop.is_set:
+                worker_thread.join(timeout=stopping.PUSH_GRACE_SECONDS + 1)
             client.close()
             self._server.stop(2).wait()
 
-    @staticmethod
-    def _shutdown(client: PsClient, *, reason: str) -> None:
-        """Best effort on the way out after a failure: no ps is left behind if it answers."""
+    def _shutdown(self, client: PsClient, *, reason: str) -> None:
+        """Best effort on the way out after a failure: no ps is left behind if it answers.
+        Never when the chief is stopping: then a replacement chief adopts the ps tasks."""
+        self.task.stop.check()
         try:
             client.shutdown(reason=reason)
         except PsClientError as err:
@@ -205,6 +214,8 @@ class Chief:
     def _train(self) -> int:
         try:
             return Worker(self.task).run()
+        except stopping.Stopped:
+            return self.task.stop.exit_code
         except Exception:
             log.exception("worker-0 failed")
             return 1
@@ -352,7 +363,7 @@ class Chief:
                 metrics.steps_per_second.set(rate)
                 log.info("step %d/%d  loss %.4f  %.1f steps/s", step, training.steps, loss, rate)
                 last_log, last_step, last_time = now, step, now
-            time.sleep(min(0.2, training.heartbeatSeconds))
+            self.task.stop.sleep(min(0.2, training.heartbeatSeconds))
 
     def _finish(self, client: PsClient) -> None:
         training = self.training
@@ -377,7 +388,7 @@ class Chief:
             ]
             if not pending:
                 break
-            time.sleep(0.1)
+            self.task.stop.sleep(0.1)
         else:
             log.warning("gave up waiting for %s to finish", ", ".join(sorted(waiting_for)))
         evaluator = self.membership.member("evaluator-0")
@@ -404,6 +415,7 @@ class Chief:
             evaluation = self.task.evaluate(self.task.layout.unflatten(named))
         if training.exportPath:
             _export(Path(training.exportPath), named)
+        self.task.stop.check()  # stopping: the ps tasks stay up for a replacement chief
         client.shutdown(reason=f"training done at step {step}")
         self._summary(step=step, evaluation=evaluation)
 

@@ -7,12 +7,19 @@ variable); a push streams byte ranges of the gradient arrays without copying the
 
 Thread-safety: one call at a time per client (pull, push and the rest share per-ps streams'
 executor and the incarnations the client has seen). Use one client per thread of work.
+
+Stopping (`stopping`): once the task is told to stop, the client ends its calls in flight by
+closing its channels, except that a push in flight first gets `stopping.PUSH_GRACE_SECONDS` to
+finish (on every ps, not only some); no push and no Shutdown starts afterwards, retries and waits
+end, and every call raises `stopping.Stopped` instead of `PsClientError`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -25,7 +32,7 @@ import numpy as np
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import codec, optim, rpc, streams
+from jaxps_runtime import codec, optim, rpc, stopping, streams
 from jaxps_runtime.placement import Layout, Placement, Shard, named_leaves
 from jaxps_runtime.shards import Mode
 
@@ -77,6 +84,7 @@ class PsClient:
         job_id: str,
         task: str,
         chunk_bytes: int = streams.CHUNK_BYTES,
+        stop: stopping.Stop | None = None,
     ) -> None:
         if len(addresses) != placement.num_ps:
             raise ValueError(
@@ -93,6 +101,11 @@ class PsClient:
         self._pool = ThreadPoolExecutor(len(addresses), thread_name_prefix=f"{task}-ps")
         self._shards = [placement.shards_on(i) for i in range(len(addresses))]
         self._variables = {v.name: v for v in placement.variables}
+        self._stop = stop or stopping.Stop()
+        self._pushes = threading.Condition()
+        self._pushing = 0  # pushes in flight
+        self._cancelled = False  # the channels are closed (or about to be): the task is stopping
+        self._unregister = self._stop.callback(self._cancel)
 
     # --- plumbing ---------------------------------------------------------------------------
 
@@ -108,6 +121,7 @@ class PsClient:
         try:
             return fn()
         except grpc.RpcError as err:
+            self._stop.check()  # cancelled because the task is stopping
             code, details = err.code(), err.details() or ""
             trailing = dict(err.trailing_metadata() or ())
             restarted = trailing.get(rpc.REASON_KEY) == rpc.PS_RESTARTED
@@ -115,6 +129,32 @@ class PsClient:
             raise cls(
                 ps=ps, address=self.addresses[ps], method=method, code=code, details=details
             ) from err
+        except ValueError:  # grpc's "Cannot invoke RPC on closed channel!"
+            if self._cancelled:
+                raise stopping.Stopped(f"{method} to ps-{ps}: {self._stop.reason}") from None
+            raise
+
+    @contextlib.contextmanager
+    def _push(self) -> Iterator[None]:
+        """Marks a push in flight: `_cancel` lets it finish before closing the channels."""
+        with self._pushes:
+            self._stop.check()  # no push starts once the task is stopping
+            self._pushing += 1
+        try:
+            yield
+        finally:
+            with self._pushes:
+                self._pushing -= 1
+                self._pushes.notify_all()
+
+    def _cancel(self) -> None:
+        """Ends every call in flight (the task is stopping), a push in flight after it finished
+        or `stopping.PUSH_GRACE_SECONDS` passed; calls then raise `stopping.Stopped`."""
+        with self._pushes:
+            self._cancelled = True
+            self._pushes.wait_for(lambda: self._pushing == 0, timeout=stopping.PUSH_GRACE_SECONDS)
+        for channel in self._channels:
+            channel.close()
 
     def _retrying(self, ps: int, fn: Callable[[], T]) -> T:
         """Runs fn, again after a backoff when the failure looks transient (the peer did not
@@ -126,7 +166,7 @@ class PsClient:
                 if err.code not in TRANSIENT or attempt == len(RETRY_BACKOFF):
                     raise
                 log.debug("%s: %s; retrying in %.1f s", self.task, err, RETRY_BACKOFF[attempt])
-                time.sleep(RETRY_BACKOFF[attempt])
+                self._stop.sleep(RETRY_BACKOFF[attempt])
         raise AssertionError("unreachable")
 
     def _seen(self, ps: int, identity: tensor_pb2.Identity) -> None:
@@ -176,6 +216,7 @@ class PsClient:
         replies: list[ps_pb2.StatusReply | None] = [None] * len(self.addresses)
         last_log = started
         while True:
+            self._stop.check()
             for ps, reply in enumerate(replies):
                 if reply is None:
                     try:
@@ -223,7 +264,7 @@ class PsClient:
             if time.monotonic() - last_log >= log_every:
                 log.info("%s: waiting for the chief to initialise %s", self.task, names)
                 last_log = time.monotonic()
-            time.sleep(0.2)
+            self._stop.sleep(0.2)
 
     def statuses(self, *, timeout: float = 10) -> list[ps_pb2.StatusReply]:
         """Every ps's Status, at once."""
@@ -321,7 +362,9 @@ class PsClient:
 
     def shutdown(self, *, reason: str) -> None:
         """Asks every ps to exit 0; a ps that is already gone counts as done. A ps that
-        restarted meanwhile is told too (the request names no incarnation): the job is over."""
+        restarted meanwhile is told too (the request names no incarnation): the job is over.
+        Never once the task is stopping (`stopping.Stopped`)."""
+        self._stop.check()  # a stopping chief leaves the ps tasks to its replacement
 
         def one(ps: int) -> None:
             caller = tensor_pb2.Identity(job_id=self.job_id, task=self.task)
@@ -409,7 +452,8 @@ class PsClient:
             self._seen(ps, reply.id)
             return reply
 
-        return self._each(one)
+        with self._push():
+            return self._each(one)
 
     def packs(self, variables: Collection[str]) -> bool:
         """Whether `variables` fit one frame per ps, so `push_pull` can carry a whole step."""
@@ -457,7 +501,8 @@ class PsClient:
             buffers = [*self._buffers(arrays, shards), *map(streams.byte_view, values)]
             sinks = [] if push_only else self._dense_sinks(shards, out)
             calls.append((sinks, streams.pack(header, buffers)))
-        replies = self._packed_calls("PushPull", calls)
+        with self._push():
+            replies = self._packed_calls("PushPull", calls)
         return min(r.step for r in replies), out, replies
 
     def pull_packed(
@@ -605,7 +650,8 @@ class PsClient:
             self._seen(ps, reply.id)
             return reply
 
-        return [r for r in self._each(one) if r is not None]
+        with self._push():
+            return [r for r in self._each(one) if r is not None]
 
     def _row_outputs(self, rows: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Empty arrays for the asked rows of each table."""
@@ -771,6 +817,7 @@ class PsClient:
             yield view[shard.byte_offset : shard.byte_offset + shard.nbytes]
 
     def close(self) -> None:
+        self._unregister()
         self._pool.shutdown(wait=True)
         for ch in self._channels:
             ch.close()

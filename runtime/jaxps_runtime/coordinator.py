@@ -22,7 +22,7 @@ import grpc
 
 from jaxps.v1 import coordinator_pb2 as co_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import rpc
+from jaxps_runtime import rpc, stopping
 
 log = logging.getLogger(__name__)
 
@@ -152,26 +152,45 @@ class CoordinatorServicer:
 
 
 class CoordinatorClient:
-    """A task's link to the chief. Failures are logged, never raised: training goes on."""
+    """A task's link to the chief. Failures are logged, never raised: training goes on.
 
-    def __init__(self, *, address: str, job_id: str, task: str, incarnation: int) -> None:
+    Once the task is stopping (`stopping`), its channel is closed, `register` raises
+    `stopping.Stopped` and `heartbeat` sends nothing: a stopped task does not say it is done.
+    """
+
+    def __init__(
+        self,
+        *,
+        address: str,
+        job_id: str,
+        task: str,
+        incarnation: int,
+        stop: stopping.Stop | None = None,
+    ) -> None:
         self._channel = rpc.channel(address)
         self._calls = rpc.COORDINATOR.callables(self._channel)
         self._id = tensor_pb2.Identity(job_id=job_id, task=task)
         self._incarnation = incarnation
         self.address = address
         self._warned = 0.0
+        self._stop = stop or stopping.Stop()
+        self._unregister = self._stop.callback(self._channel.close)
 
     def register(self, *, timeout: float) -> co_pb2.CoordinatorState | None:
         request = co_pb2.RegisterRequest(id=self._id, task_incarnation=self._incarnation)
         started = last_log = time.monotonic()
         while True:
+            self._stop.check()
             try:
                 state: co_pb2.CoordinatorState = self._calls["Register"](
                     request, timeout=2, wait_for_ready=True
                 )
                 return state
+            except ValueError:  # grpc's "Cannot invoke RPC on closed channel!": stopping
+                self._stop.check()
+                raise
             except grpc.RpcError as err:
+                self._stop.check()
                 if err.code() == grpc.StatusCode.PERMISSION_DENIED:
                     raise
                 waited = time.monotonic() - started
@@ -207,10 +226,18 @@ class CoordinatorClient:
             examples_per_second=examples_per_second,
             cursor=cursor,
         )
+        if self._stop.is_set:
+            return None
         try:
             state: co_pb2.CoordinatorState = self._calls["Heartbeat"](request, timeout=5)
             return state
+        except ValueError:  # grpc's "Cannot invoke RPC on closed channel!"
+            if self._stop.is_set:
+                return None
+            raise
         except grpc.RpcError as err:
+            if self._stop.is_set:
+                return None
             if time.monotonic() - self._warned > 10:
                 log.warning(
                     "heartbeat to the chief at %s failed: %s",
@@ -221,4 +248,5 @@ class CoordinatorClient:
             return None
 
     def close(self) -> None:
+        self._unregister()
         self._channel.close()

@@ -1,6 +1,7 @@
 """The evaluator: every `evalEverySteps` global steps, pulls the parameters and evaluates them
 on the held-out data; exports the metrics (Prometheus `jaxps_eval{metric=...}`) and reports
-them to the chief, which uses the final ones in its summary.
+them to the chief, which uses the final ones in its summary. Told to stop (`stopping`), it ends
+its pull (which may be waiting for a step) and exits with `stopping.Stopped`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def run(task: Task) -> int:
         step = client.wait_ready(timeout=training.startupTimeoutSeconds)
         every = training.evalEverySteps
         while True:
+            task.stop.check()
             target = min(training.steps, (step // every + 1) * every)
             try:
                 step, named = client.pull(min_step=target)

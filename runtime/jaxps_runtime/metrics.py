@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
@@ -51,6 +52,7 @@ class Metrics:
             registry=self.registry,
         )
         self._task = task
+        self._server: Any = None
 
     def set_eval(self, values: Mapping[str, float]) -> None:
         for name, value in values.items():
@@ -63,6 +65,15 @@ class Metrics:
         except OSError as err:
             log.warning("metrics: cannot listen on port %d (%s); metrics are off", port, err)
             return None
+        self._server = server
         bound = int(server.server_address[1])
         log.info("metrics on http://0.0.0.0:%d/metrics", bound)
         return bound
+
+    def close(self) -> None:
+        """Stops serving /metrics and frees the port (idempotent; within about 0.5 s, the
+        server's poll interval)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()

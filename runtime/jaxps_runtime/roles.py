@@ -1,15 +1,20 @@
 """Which code runs a task: ps, worker, chief (or worker 0 without a chief), evaluator.
 
-Exit codes: 0 done, 1 failed, 2 bad input (the training configuration or the model's).
+Exit codes: 0 done, 1 failed, 2 bad input (the training configuration or the model's), and
+128 + N when signal N stopped a worker, chief or evaluator (`stopping`): it did not finish.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from jaxps_runtime import checkpoint, cluster, config, models, server
+from jaxps_runtime import checkpoint, cluster, config, models, server, stopping
 from jaxps_runtime.metrics import Metrics
+
+if TYPE_CHECKING:
+    from jaxps_runtime.task import Task
 
 log = logging.getLogger(__name__)
 EXIT_FAILED, EXIT_USAGE = 1, 2
@@ -34,6 +39,7 @@ def run(
     training_file: Path | None,
     training_env: str | None,
     metrics_port: int,
+    stop: stopping.Stop,
 ) -> int:
     task = spec.task
     if task.type == cluster.PS:
@@ -43,21 +49,39 @@ def run(
             task=task.name,
             bind=bind,
             metrics_port=metrics_port,
+            stop=stop,
         )
-    from jaxps_runtime import chief, evaluator, worker  # noqa: PLC0415
     from jaxps_runtime.task import Task  # noqa: PLC0415
 
+    metrics = Metrics(task=task.name)
     try:
-        training = _training(file=training_file, env=training_env)
-        state = Task(spec=spec, training=training, job_id=job_id, metrics=Metrics(task=task.name))
-        state.model  # noqa: B018 - build the model and the data now: errors surface at start
-        state.dataset  # noqa: B018
-    except (config.TrainingConfigError, models.ModelError) as err:
-        log.error("%s", err)
-        return EXIT_USAGE
-    if metrics_port:
-        state.metrics.serve(metrics_port)
+        try:
+            training = _training(file=training_file, env=training_env)
+            state = Task(spec=spec, training=training, job_id=job_id, metrics=metrics, stop=stop)
+            state.model  # noqa: B018 - build the model and the data now: errors surface at start
+            state.dataset  # noqa: B018
+        except (config.TrainingConfigError, models.ModelError) as err:
+            log.error("%s", err)
+            return EXIT_USAGE
+        if metrics_port:
+            metrics.serve(metrics_port)
+        return _play(state, bind=bind)
+    except stopping.Stopped:
+        log.info("%s: stopped on %s; exit code %d", task.name, stop.reason, stop.exit_code)
+        return stop.exit_code
+    finally:
+        metrics.close()
+
+
+def _play(state: Task, *, bind: str | None) -> int:
+    """Runs the task's role to its end; its exit code. Raises `Stopped` once told to stop,
+    whatever the role's calls raised on the way out."""
+    from jaxps_runtime import chief, evaluator, worker  # noqa: PLC0415
+
+    spec, stop = state.spec, state.stop
+    task = spec.task
     try:
+        stop.check()
         if task.type == cluster.CHIEF:
             return chief.Chief(state, trains=False, bind=bind).run()
         if task.type == cluster.WORKER and task.is_chief(spec.cluster):
@@ -66,8 +90,10 @@ def run(
             return worker.run(state)
         return evaluator.run(state)
     except (TimeoutError, checkpoint.CheckpointError) as err:
+        stop.check()
         log.error("%s", err)
         return EXIT_FAILED
     except Exception:
+        stop.check()  # a stopping task's calls fail on the way out: that is no failure
         log.exception("%s failed", task.name)
         return EXIT_FAILED

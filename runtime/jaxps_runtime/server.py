@@ -1,22 +1,22 @@
 """Running a ps task: the gRPC server, the health service, signals and a clean exit.
 
-`serve_ps` blocks until SIGTERM, SIGINT or the Shutdown RPC, then stops accepting calls, lets
-the calls in flight finish (a few seconds at most), and returns 0 so the pod or process ends
-Succeeded: a ps never lingers after its job (research pitfall 1).
+`serve_ps` blocks until the Shutdown RPC or the task's stop (SIGTERM or SIGINT, see `stopping`),
+then stops accepting calls, wakes the pulls waiting for a step, lets the calls in flight finish
+(a few seconds at most), and returns 0 so the pod or process ends Succeeded: a ps never lingers
+after its job (research pitfall 1).
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from concurrent import futures
-from types import FrameType
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from jaxps_runtime import rpc
+from jaxps_runtime import rpc, stopping
+from jaxps_runtime.metrics import Metrics
 from jaxps_runtime.ps import ParameterServicer
 from jaxps_runtime.shards import ParameterStore
 
@@ -91,34 +91,38 @@ class PsServer:
 
 
 def serve_ps(
-    *, address: str, job_id: str, task: str, bind: str | None = None, metrics_port: int = 0
+    *,
+    address: str,
+    job_id: str,
+    task: str,
+    stop: stopping.Stop,
+    bind: str | None = None,
+    metrics_port: int = 0,
 ) -> int:
-    """Serves until told to stop; returns the process exit code."""
+    """Serves until the Shutdown RPC or `stop`; returns the process exit code: 0 after Shutdown
+    (training is over), 128 + the signal after a stop (143 for SIGTERM): a ps stopped mid-job did
+    not finish, so Kubernetes must not see a Succeeded pod that the operator would never replace
+    (a node drain, an eviction)."""
     try:
         server = PsServer(address=address, job_id=job_id, task=task, bind=bind)
     except BindError as err:
         log.error("%s", err)
         return 1
-    if metrics_port:
-        _serve_metrics(server, port=metrics_port)
+    metrics = Metrics(task=task)
+    if metrics_port and metrics.serve(metrics_port) is not None:
+        _refresh_metrics(server, metrics)
+    unregister = stop.callback(lambda: server.stop(stop.reason))
+    try:
+        server.start()
+        server.wait()
+    finally:
+        unregister()
+        metrics.close()
+    return stop.exit_code if stop.is_set else 0
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        server.stop(signal.Signals(signum).name)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    server.start()
-    server.wait()
-    return 0
-
-
-def _serve_metrics(server: PsServer, *, port: int) -> None:
+def _refresh_metrics(server: PsServer, metrics: Metrics) -> None:
     """The ps's metrics: its step and bytes moved, refreshed every second from its counters."""
-    from jaxps_runtime.metrics import Metrics  # noqa: PLC0415
-
-    metrics = Metrics(task=server.task)
-    if metrics.serve(port) is None:
-        return
     seen = {"bytes_in": 0.0, "bytes_out": 0.0}
 
     def refresh() -> None:

@@ -2,7 +2,8 @@
 
 The model and dataset from the training configuration, the parameter layout and placement
 (computed from shapes alone, so every process derives the same map), a ps client, the
-coordinator client, and the metrics server.
+coordinator client, the metrics server, and the process's `stopping.Stop`: every client made
+here ends its calls in flight when the task is told to stop.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import numpy as np
 
-from jaxps_runtime import cluster, models, placement
+from jaxps_runtime import cluster, models, placement, stopping
 from jaxps_runtime.client import PsClient
 from jaxps_runtime.config import TrainingConfig
 from jaxps_runtime.coordinator import CoordinatorClient
@@ -33,6 +34,7 @@ class Task:
     training: TrainingConfig
     job_id: str
     metrics: Metrics
+    stop: stopping.Stop = field(default_factory=stopping.Stop)
 
     @property
     def name(self) -> str:
@@ -97,6 +99,7 @@ class Task:
             placement=self.placement,
             job_id=self.job_id,
             task=self.name,
+            stop=self.stop,
         )
 
     def coordinator(self) -> CoordinatorClient:
@@ -105,6 +108,7 @@ class Task:
             job_id=self.job_id,
             task=self.name,
             incarnation=secrets.randbits(62) | 1,
+            stop=self.stop,
         )
 
     @functools.cached_property

@@ -8,8 +8,11 @@ Between-graph replication as TensorFlow's workers do it, against the ps tier:
   a refused (stale) push just moves on to the current step;
 - async and bounded staleness: pull whatever is there (the ps holds a worker back that is too
   far ahead), push, repeat.
-The worker stops when the global step reaches `steps` or the chief says stop. A background
-thread heartbeats to the chief with the step, the loss and the per-step time split.
+The worker stops when the global step reaches `steps` or the chief says stop, and exits with
+`stopping.Stopped` between two steps (or from a wait) once the task is told to stop: then it
+does not tell the chief it is done, so the chief drops it after `workerTimeoutSeconds` as it
+does a dead worker. A background thread heartbeats to the chief with the step, the loss and
+the per-step time split.
 """
 
 from __future__ import annotations
@@ -120,7 +123,7 @@ class Worker:
         self.index = task.spec.task.index
         self.num_workers = len(task.worker_names)
         self.client = task.ps_client()
-        self.stop = threading.Event()
+        self.finished = threading.Event()  # the chief says training is over
         self.step = 0
         self.loss = math.nan
         self.times = StepTimes()
@@ -141,7 +144,7 @@ class Worker:
         return wanted
 
     def _heartbeats(self, coordinator: Any, *, every: float) -> None:
-        while not self.stop.wait(every):
+        while not self.finished.wait(every):
             self.task.metrics.examples_per_second.set(self.times.examples_per_second())
             state = coordinator.heartbeat(
                 step=self.step,
@@ -152,44 +155,48 @@ class Worker:
             )
             if state is not None and state.stop:
                 log.info("%s: the chief says training is over", self.task.name)
-                self.stop.set()
+                self.finished.set()
 
     def run(self) -> int:
         training = self.task.training
         coordinator = self.task.coordinator()
-        state = coordinator.register(timeout=training.startupTimeoutSeconds)
-        self.cursor = state.cursor if state is not None else 0
-        self.step = self.client.wait_ready(timeout=training.startupTimeoutSeconds)
-        log.info(
-            "%s: ps ready at step %d (epoch %d); training %s, data shard %d of %d from batch %d",
-            self.task.name,
-            self.step,
-            self.client.epoch,
-            training.mode,
-            self.index,
-            self.num_workers,
-            self.cursor,
-        )
-        beat = threading.Thread(
-            target=self._heartbeats,
-            args=(coordinator,),
-            kwargs={"every": training.heartbeatSeconds},
-            daemon=True,
-        )
-        beat.start()
+        beat: threading.Thread | None = None
         try:
+            state = coordinator.register(timeout=training.startupTimeoutSeconds)
+            self.cursor = state.cursor if state is not None else 0
+            self.step = self.client.wait_ready(timeout=training.startupTimeoutSeconds)
+            log.info(
+                "%s: ps ready at step %d (epoch %d); training %s, data shard %d of %d from "
+                "batch %d",
+                self.task.name,
+                self.step,
+                self.client.epoch,
+                training.mode,
+                self.index,
+                self.num_workers,
+                self.cursor,
+            )
+            beat = threading.Thread(
+                target=self._heartbeats,
+                args=(coordinator,),
+                kwargs={"every": training.heartbeatSeconds},
+                daemon=True,
+            )
+            beat.start()
             self._loop()
         finally:
-            self.stop.set()
-            beat.join(timeout=10)
-            coordinator.heartbeat(
-                step=self.step,
-                loss=self.loss,
-                done=True,
-                metrics=self.times.means(),
-                examples_per_second=self.times.examples_per_second(),
-                cursor=self.cursor,
-            )
+            self.finished.set()
+            if beat is not None:
+                beat.join(timeout=10)
+                if not self.task.stop.is_set:  # a stopped worker did not finish: no "done"
+                    coordinator.heartbeat(
+                        step=self.step,
+                        loss=self.loss,
+                        done=True,
+                        metrics=self.times.means(),
+                        examples_per_second=self.times.examples_per_second(),
+                        cursor=self.cursor,
+                    )
             coordinator.close()
             self.client.close()
         log.info("%s: done at step %d, loss %.4f", self.task.name, self.step, self.loss)
@@ -201,7 +208,8 @@ class Worker:
         self._pulled: int | None = None  # the step of _buffers when the last push brought them
         self._packs = self.client.packs(self.task.dense_variables)
         min_step = 0
-        while not self.stop.is_set():
+        while not self.finished.is_set():
+            self.task.stop.check()  # the safe point: between two steps
             try:
                 min_step = self._step(min_step=min_step, sync=sync)
             except PsClientError as err:
@@ -219,7 +227,7 @@ class Worker:
         log.warning("%s: %s; waiting for the ps tier to be ready again", self.task.name, err)
         started = time.monotonic()
         self.client.incarnations = [0] * len(self.client.incarnations)
-        while not self.stop.is_set():
+        while not self.finished.is_set():
             try:
                 self.step = self.client.wait_ready(timeout=2.0)
             except (TimeoutError, PsClientError):

@@ -445,9 +445,9 @@ def test_uninitialised_ps_refuses_pushes_and_the_generated_stub_interoperates() 
         ps.stop()
 
 
-def test_sigterm_stops_a_ps_with_exit_code_zero() -> None:
+def test_sigterm_stops_a_ps_with_exit_code_143_it_did_not_finish() -> None:
     ps = launch.LocalPs.start(1, job_id=JOB_ID)
-    assert ps.stop(timeout=30) == [0]
+    assert ps.stop(timeout=30) == [143]
 
 
 def test_bad_optimizer_is_refused_naming_the_field(two_ps: launch.LocalPs) -> None:
