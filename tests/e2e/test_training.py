@@ -26,11 +26,12 @@ from tests.e2e.harness import (
     phase,
 )
 
-pytestmark = pytest.mark.e2e
+# a test's time includes its share of the tier's set-up (images, node, chart)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 # Long enough to kill a task between two checkpoints and see training resume; short enough for
 # a 2-core machine. Sync, so a dead ps stops every step until it is back and rolled back.
-STEPS, EVERY = 2000, 200
+STEPS, EVERY = 3000, 200
 # A disturbed run may lose a little to a rollback; more than this is a real difference.
 ACCURACY_SLACK = 0.03
 
@@ -159,18 +160,13 @@ def kill_and_recover(
         elif step is not None and step > lowest and (lowest < before or not rollback):
             recovered = time.monotonic() - killed
         time.sleep(0.02)
-    failed = wait_for(
-        lambda: (
-            jobs.pods(name).get(pod["metadata"]["name"], {}).get("status", {}).get("phase")
-            != "Running"
-            or None
-        ),
-        timeout=60,
-        what=f"pod {pod['metadata']['name']} no longer running",
+    old = pod["metadata"]["uid"]
+    replacement = wait_for(
+        lambda: (p := jobs.pods(name).get(pod["metadata"]["name"])) and p["metadata"]["uid"] != old,
+        timeout=120,
+        what=f"a replacement of pod {pod['metadata']['name']}",
     )
-    assert failed
-    replacement = jobs.running_pod(name, pod["metadata"]["name"])
-    assert replacement["metadata"]["uid"] != pod["metadata"]["uid"]
+    assert replacement
     story = "\n".join(
         [
             f"$ kubectl get tj,pods -o wide   # after SIGKILL of {victim}",
