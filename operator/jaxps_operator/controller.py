@@ -476,6 +476,7 @@ def run(options: Options) -> None:
         start_http_server(options.metrics_port, registry=metrics.registry)
     kopf.configure(log_format=kopf.LogFormat.FULL, verbose=False)
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # not a line per watch event
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # nor per kubelet probe
     kopf.run(
         registry=registry(controller),
         identity=identity(),  # type: ignore[arg-type]
