@@ -194,7 +194,10 @@ class Chief:
                     self._shutdown(client, reason="the chief failed while finishing")
                     raise
             else:
-                self._shutdown(client, reason="the chief failed")
+                # The ps tasks stay: a replacement chief adopts them (the restart policy decides
+                # whether there is one), and the control plane removes them when the job ends.
+                # Shut down, they would exit 0 and never be replaced: the job could not recover.
+                log.error("the chief failed: leaving every ps serving for a replacement chief")
             return code
         finally:
             if worker_thread is not None and self.task.stop.is_set:

@@ -111,9 +111,11 @@ def serve_ps(
     metrics = Metrics(task=task)
     if metrics_port and metrics.serve(metrics_port) is not None:
         _refresh_metrics(server, metrics)
+    server.start()
+    # after start: a stop that came during start-up stops the running server (a stop before
+    # start would be undone by it and the ps would serve until SIGKILL)
     unregister = stop.callback(lambda: server.stop(stop.reason))
     try:
-        server.start()
         server.wait()
     finally:
         unregister()

@@ -60,7 +60,6 @@ def training_job(name: str, *, chief: bool = False, steps: int = STEPS) -> dict[
                     "keep": 3,
                 },
                 "heartbeatSeconds": 0.5,
-                "workerTimeoutSeconds": 10,
                 "logEverySeconds": 2,
             },
         },
