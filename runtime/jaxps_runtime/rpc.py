@@ -31,6 +31,13 @@ CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.keepalive_permit_without_calls", 1),
+    # A peer that dies comes back within seconds, on Kubernetes at a new pod IP under the same
+    # name: retry the connection often (gRPC's default backoff grows to 2 minutes) and let the
+    # resolver look the name up again soon (its default waits 30 s between lookups).
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+    ("grpc.dns_min_time_between_resolutions_ms", 500),
 )
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     *MESSAGE_OPTIONS,

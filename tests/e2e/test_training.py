@@ -182,8 +182,9 @@ def kill_and_recover(
     jobs.wait_event(
         name, "PodReplaced", f"(pod {pod['metadata']['name']}) failed with exit code 137"
     )
+    back = f" (rolled back to {lowest})" if rollback else ""
     line = f"{victim} killed at step {before}: " + (
-        f"next global step {recovered:.2f} s after SIGKILL (rolled back to {lowest})"
+        f"next global step {recovered:.2f} s after SIGKILL{back}"
         if recovered is not None
         else "the next step was not seen on the metrics"
     )
