@@ -48,6 +48,10 @@ def test_the_default_render_is_accepted_by_the_apiserver(crd: Cluster) -> None:
     assert container["args"][0] == "operator"
     assert not any(a.startswith("--namespace") for a in container["args"])
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # ready once kopf runs; kopf's identity from the pod's name (no passwd entry needed)
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["env"][0]["name"] == "POD_ID"
+    assert "--runtime-image=ghcr.io/jaxps/runtime:0.1.0" in container["args"]
 
 
 def test_watched_namespaces_get_roles_and_replicas_get_peering(crd: Cluster) -> None:

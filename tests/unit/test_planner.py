@@ -307,3 +307,14 @@ def test_a_finished_job_creates_nothing_and_planning_again_changes_nothing() -> 
     assert again.create == []
     assert again.status["conditions"] == first.status["conditions"]
     assert again.status["state"] == "Succeeded"
+
+
+def test_pods_run_the_operators_runtime_image_unless_their_template_names_one() -> None:
+    j = job(ps=1, workers=1)
+    j["spec"]["replicaSpecs"]["ps"]["template"] = {
+        "spec": {"containers": [{"name": "jaxps", "image": "mine/ps:1"}]}
+    }
+    result = planner.plan(j, [], NOW, service_exists=True, image="localhost/jaxps/runtime:0.1.0-x")
+    images = {p["metadata"]["name"]: p["spec"]["containers"][0]["image"] for p in result.create}
+    assert images == {"tj-ps-0": "mine/ps:1", "tj-worker-0": "localhost/jaxps/runtime:0.1.0-x"}
+    assert not planner.DEFAULT_IMAGE.endswith(":latest")  # :latest would pull on every start
