@@ -150,13 +150,12 @@ def test_a_ps_exits_143_and_the_workers_waiting_for_it_to_come_back_stop_promptl
     )
     ps = Case("ps-0")  # 143: stopped mid-job, not done (only Shutdown ends a ps with 0)
     _assert_stopped(job, ps, *_signal(job, ps.task, ps.signal))
+    # The chief noticed; worker-1 is blocked either waiting for the ps tier or at ps-1's sync
+    # barrier (worker-0 no longer pushes), which of the two depends on timing: both must stop.
     _wait_for(
-        lambda: (
-            "waiting for the ps tier to be ready again" in _log(job, "worker-1")
-            and "rolling every ps back" in _log(job, "worker-0")
-        ),
+        lambda: "rolling every ps back" in _log(job, "worker-0"),
         job,
-        what="the workers waiting for ps-0",
+        what="the chief waiting for ps-0",
     )
     for task in ("worker-1", "worker-0"):  # a worker, then the chief (worker 0) and its worker
         case = Case(task)
