@@ -254,12 +254,9 @@ class Chief:
             self.last_checkpoint = ready.step
             self.task.metrics.last_checkpoint_step.set(ready.step)
 
-    def _ps_problem(self, client: PsClient) -> str | None:
-        """Why the ps tier needs a rollback (a ps down, restarted or not ready), or None."""
-        try:
-            statuses = client.statuses(timeout=10)
-        except PsClientError as err:
-            return str(err)
+    @staticmethod
+    def _ps_problem(client: PsClient, statuses: list[ps_pb2.StatusReply]) -> str | None:
+        """Why the ps tier needs a rollback (a ps restarted or not ready), or None."""
         for i, status in enumerate(statuses):
             if status.id.ps_incarnation != client.incarnations[i]:
                 return f"ps-{i} restarted (incarnation {status.id.ps_incarnation})"
@@ -313,11 +310,18 @@ class Chief:
         live = list(self.task.worker_names)
         last_log, last_step, last_time = time.monotonic(), self.membership.step, time.monotonic()
         while True:
-            problem = self._ps_problem(client)
+            # One Status per ps per tick: the step comes from the same replies that say the
+            # tier is healthy (a second call could meet a ps that died in between, uncaught).
+            try:
+                statuses = client.statuses(timeout=10)
+            except PsClientError as err:
+                self._recover(client, str(err))
+                continue
+            problem = self._ps_problem(client, statuses)
             if problem is not None:
                 self._recover(client, problem)
                 continue
-            step = min(client.steps())
+            step = min(status.step for status in statuses)
             now = time.monotonic()
             self.membership.step = step
             metrics.global_step.set(step)

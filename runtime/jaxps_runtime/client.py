@@ -270,10 +270,6 @@ class PsClient:
         """Every ps's Status, at once."""
         return self._each(lambda ps: self.status(ps, timeout=timeout))
 
-    def steps(self) -> list[int]:
-        """Every ps's step, now."""
-        return self._each(lambda ps: self.status(ps, timeout=10).step)
-
     def init(
         self,
         params: Mapping[str, np.ndarray] | None,

@@ -92,7 +92,9 @@ def test_a_killed_ps_is_restarted_and_every_shard_rolls_back_to_the_last_checkpo
     [recovery] = summary["recoveries"]
     assert "ps-0" in recovery["reason"]
     lost = killed_at - recovery["toStep"]
-    assert 0 <= lost <= EVERY, recovery  # at most one checkpoint interval
+    # back to the last committed checkpoint: one interval, or two when the kill came while the
+    # latest checkpoint was still being written (it is then never committed, nor restored)
+    assert 0 <= lost <= 2 * EVERY, recovery
 
 
 def test_a_killed_worker_comes_back_where_its_data_left_off(
