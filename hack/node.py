@@ -42,7 +42,7 @@ import subprocess
 import sys
 import time
 import urllib.error
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -733,16 +733,6 @@ def install_jaxps(state: Path) -> None:
         quiet=False,
     )
     log("the jaxps operator runs in namespace jaxps-system")
-
-
-@contextlib.contextmanager
-def running(state: Path, images: list[Path]) -> Iterator[Path]:
-    """The node for the length of a `with`: always taken down, also after a failure."""
-    try:
-        up(state, images)
-        yield state / "kubeconfig"
-    finally:
-        down(state)
 
 
 def main() -> int:
