@@ -366,7 +366,8 @@ class Chief:
                 client.set_workers(alive)
                 live = alive
             if now - last_log >= training.logEverySeconds:
-                rate = (step - last_step) / (now - last_time)
+                # a rollback moves the step back: no negative rate for the window it spans
+                rate = max(step - last_step, 0) / (now - last_time)
                 metrics.steps_per_second.set(rate)
                 log.info("step %d/%d  loss %.4f  %.1f steps/s", step, training.steps, loss, rate)
                 last_log, last_step, last_time = now, step, now
