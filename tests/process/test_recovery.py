@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import pytest
 
 from jaxps_runtime import checkpoint, launch, shardfile
+from tests.process import waiting
 
 pytestmark = pytest.mark.process
 Metric = Callable[[int, str], float | None]
@@ -41,15 +41,6 @@ def _start(jobs: list[launch.LocalJob], **kwargs: Any) -> launch.LocalJob:
     job = launch.LocalJob.start(**kwargs)
     jobs.append(job)
     return job
-
-
-def _wait_for(
-    condition: Callable[[], bool], job: launch.LocalJob, *, timeout: float = 120, what: str
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{job.logs()}"
-        time.sleep(0.05)
 
 
 def _finish(job: launch.LocalJob, *, timeout: float = 300) -> dict[str, Any]:
@@ -83,7 +74,7 @@ def test_a_killed_ps_is_restarted_and_every_shard_rolls_back_to_the_last_checkpo
     jobs: list[launch.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
 ) -> None:
     job = _start(jobs, training=_training(tmp_path), log_dir=tmp_path / "logs")
-    _wait_for(lambda: _step(job, metric, "worker-0") >= 170, job, what="step 170")
+    waiting.wait_for(lambda: _step(job, metric, "worker-0") >= 170, job, what="step 170")
     killed_at = _step(job, metric, "worker-0")
     _kill_and_restart(job, "ps-0")
     summary = _finish(job)
@@ -101,7 +92,7 @@ def test_a_killed_worker_comes_back_where_its_data_left_off(
     jobs: list[launch.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
 ) -> None:
     job = _start(jobs, training=_training(tmp_path), log_dir=tmp_path / "logs")
-    _wait_for(lambda: _step(job, metric, "worker-1") >= 150, job, what="step 150")
+    waiting.wait_for(lambda: _step(job, metric, "worker-1") >= 150, job, what="step 150")
     _kill_and_restart(job, "worker-1")
     summary = _finish(job)
     assert summary["step"] == TRAINING["steps"]
@@ -123,7 +114,7 @@ def test_a_restarted_chief_adopts_the_live_state_and_the_step_never_goes_back(
     jobs: list[launch.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
 ) -> None:
     job = _start(jobs, training=_training(tmp_path), log_dir=tmp_path / "logs", chief=True)
-    _wait_for(lambda: _step(job, metric, "chief-0") >= 150, job, what="step 150")
+    waiting.wait_for(lambda: _step(job, metric, "chief-0") >= 150, job, what="step 150")
     killed_at = _step(job, metric, "chief-0")
     _kill_and_restart(job, "chief-0")
     summary = _finish(job)
@@ -147,9 +138,9 @@ def test_a_ps_killed_while_writing_a_checkpoint_leaves_it_uncommitted(
         log_dir=tmp_path / "logs",
         task_env=slow_saves,
     )
-    _wait_for(lambda: len(checkpoint.committed(root)) >= 1, job, what="a first checkpoint")
+    waiting.wait_for(lambda: len(checkpoint.committed(root)) >= 1, job, what="a first checkpoint")
     first = checkpoint.committed(root)[0].step
-    _wait_for(
+    waiting.wait_for(
         lambda: any(p.parent.name != f"step-{first:09d}" for p in root.glob("step-*/ps-0.npz.tmp")),
         job,
         what="ps-0 writing its second checkpoint",
@@ -178,7 +169,7 @@ def test_a_ps_killed_during_the_final_checkpoint_still_gives_the_trained_result(
     slow_saves = {"ps-0": {shardfile.FAILPOINT_SAVE_SLEEP: "3"}}
     job = _start(jobs, training=training, log_dir=tmp_path / "logs", task_env=slow_saves)
     final = root / f"step-{steps:09d}" / "ps-0.npz.tmp"
-    _wait_for(final.exists, job, what="ps-0 writing the final checkpoint")
+    waiting.wait_for(final.exists, job, what="ps-0 writing the final checkpoint")
     job.processes["ps-0"].send_signal(signal.SIGKILL)
     codes = job.wait(timeout=120)
     assert codes.pop("ps-0") == -signal.SIGKILL
@@ -230,7 +221,7 @@ def test_tasks_started_in_reverse_order_still_train(
     training = {**_training(tmp_path, steps=200), "checkpoint": {}}
     job = _start(jobs, training=training, log_dir=tmp_path / "logs", order=["worker-1", "worker-0"])
     chief_log = tmp_path / "logs" / "worker-0.log"
-    _wait_for(
+    waiting.wait_for(
         lambda: chief_log.exists() and "waiting for 2 ps" in chief_log.read_text(),
         job,
         what="the chief waiting for the ps",

@@ -20,6 +20,7 @@ import pytest
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps_runtime import checkpoint, launch, rpc, shardfile
+from tests.process import waiting
 
 pytestmark = pytest.mark.process
 Metric = Callable[[int, str], float | None]
@@ -58,10 +59,7 @@ def _start(jobs: list[launch.LocalJob], tmp_path: Path, **kwargs: Any) -> launch
 def _wait_for(
     condition: Callable[[], bool], job: launch.LocalJob, *, timeout: float = 180, what: str
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{job.logs()}"
-        time.sleep(0.05)
+    waiting.wait_for(condition, job, timeout=timeout, what=what)
 
 
 def _chief(job: launch.LocalJob) -> str:
