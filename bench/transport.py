@@ -28,7 +28,7 @@ import grpc
 import numpy as np
 import results
 
-from jaxps_runtime import launch, optim, placement, rpc
+from jaxps_runtime import config, launch, placement, rpc
 from jaxps_runtime.client import PsClient
 
 CHUNK = 1 << 20
@@ -184,7 +184,7 @@ def measure_jaxps(nbytes: int, num_ps: int, repeats: int) -> tuple[float, float]
             addresses=ps.addresses, placement=layout, job_id="bench", task="worker-0"
         ) as client:
             client.init(
-                named, optimizer=optim.OptimizerConfig("sgd", {"learning_rate": 0.1}), epoch=1
+                named, optimizer=config.OptimizerConfig("sgd", {"learning_rate": 0.1}), epoch=1
             )
             step = 0
 

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from jaxps_operator import local, planner, schema
+from jaxps_operator import builders, local, schema
 
 EXIT_SUCCEEDED, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -46,7 +46,7 @@ def _load(path: Path, console: Console) -> dict[str, Any] | None:
 
 
 def validate(args: argparse.Namespace) -> int:
-    console = Console(stderr=True)
+    console = _console()
     ok = True
     for path in args.files:
         job = _load(path, console)
@@ -57,52 +57,65 @@ def validate(args: argparse.Namespace) -> int:
     return EXIT_SUCCEEDED if ok else EXIT_INVALID
 
 
-def _table(job: dict[str, Any], runner: local.LocalJob, started: float) -> Table:
+def _console() -> Console:
+    """stderr, for people; never wrapped when it is not a terminal (a log, a pipe), so a
+    field's path stays on the line of its value."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console = Console(stderr=True, soft_wrap=True, width=10_000)
+    return console
+
+
+def progress_line(job: dict[str, Any]) -> str:
+    """`step 120/600  loss 0.4312  35.2 steps/s`; the loss and rate only once reported."""
+    progress = (job.get("status") or {}).get("progress") or {}
+    parts = [f"step {progress.get('step', 0)}/{job['spec']['training']['steps']}"]
+    if isinstance(progress.get("loss"), int | float):
+        parts.append(f"loss {progress['loss']:.4f}")
+    if progress.get("stepsPerSecond"):
+        parts.append(f"{progress['stepsPerSecond']:.1f} steps/s")
+    return "  ".join(parts)
+
+
+def _table(job: dict[str, Any], runner: local.LocalCluster, started: float) -> Table:
     status = job.get("status") or {}
-    progress = status.get("progress") or {}
-    steps = job["spec"]["training"]["steps"]
-    loss = progress.get("loss", float("nan"))
-    rate = progress.get("stepsPerSecond", 0.0)
     table = Table(
         title=(
             f"TrainingJob {job['metadata']['name']}  [bold]{status.get('state', '?')}[/bold]  "
-            f"step {progress.get('step', 0)}/{steps}  loss {loss:.4f}  {rate:.1f} steps/s  "
-            f"restarts {status.get('restarts', 0)}  {time.monotonic() - started:.0f} s"
+            f"{progress_line(job)}  restarts {status.get('restarts', 0)}  "
+            f"{time.monotonic() - started:.0f} s"
         ),
         title_justify="left",
     )
     for column in ("task", "state", "restarts", "log"):
         table.add_column(column)
     restarts = status.get("replicaStatuses") or {}
-    for role, count in planner.replicas(job).items():
-        for index in range(count):
-            name = planner.pod_name(job, role, index)
-            proc = runner.processes.get(name)
-            if proc is None:
-                state = "starting"
-            elif proc.deleting_since is not None:
-                state = "stopping"
-            elif proc.exit_code is None:
-                state = "running"
-            else:
-                state = f"exited {proc.exit_code}"
-            table.add_row(
-                name,
-                state,
-                str(restarts.get(role, {}).get("restarts", 0)),
-                str(runner.workdir / f"{name}.log"),
-            )
+    for role, index in builders.tasks(job):
+        name = builders.pod_name(job, role, index)
+        proc = runner.processes.get(name)
+        if proc is None:
+            state = "starting"
+        elif proc.deleting_since is not None:
+            state = "stopping"
+        elif proc.exit_code is None:
+            state = "running"
+        else:
+            state = f"exited {proc.exit_code}"
+        table.add_row(
+            name,
+            state,
+            str(restarts.get(role, {}).get("restarts", 0)),
+            str(runner.workdir / f"{name}.log"),
+        )
     return table
 
 
 def run_local(args: argparse.Namespace) -> int:
-    console = Console(stderr=True)
+    console = _console()
     job = _load(args.file, console)
     if job is None:
         return EXIT_INVALID
-    tasks = [
-        planner.pod_name(job, r, i) for r, n in planner.replicas(job).items() for i in range(n)
-    ]
+    tasks = [builders.pod_name(job, r, i) for r, i in builders.tasks(job)]
     try:
         kills = [local.Kill.parse(k, job=job) for k in args.kill]
     except local.KillSpecError as err:
@@ -124,16 +137,13 @@ def run_local(args: argparse.Namespace) -> int:
     )
     last_print = [0.0]
 
-    def tick(current: dict[str, Any], runner: local.LocalJob) -> None:
+    def tick(current: dict[str, Any], runner: local.LocalCluster) -> None:
         if live is not None:
             live.update(_table(current, runner, started))
         elif time.monotonic() - last_print[0] >= 5:
             last_print[0] = time.monotonic()
-            progress = current["status"].get("progress") or {}
             console.print(
-                f"{current['status']['state']}: step {progress.get('step', 0)}/"
-                f"{current['spec']['training']['steps']}  loss "
-                f"{progress.get('loss', float('nan')):.4f}",
+                f"{current['status'].get('state', 'Created')}: {progress_line(current)}",
                 highlight=False,
             )
 
@@ -285,9 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ops.add_argument(
         "--runtime-image",
-        default=planner.DEFAULT_IMAGE,
+        default=builders.DEFAULT_IMAGE,
         metavar="IMAGE",
-        help=f"the image of task pods whose template names none (default {planner.DEFAULT_IMAGE})",
+        help=f"the image of task pods whose template names none (default {builders.DEFAULT_IMAGE})",
     )
     ops.set_defaults(run=run_operator)
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""The operator: kopf watches, a work queue, and passes that carry the planner's Plans out.
+"""The operator: kopf watches, a work queue, and the reconcile pass on the API server.
 
     jaxps operator [--namespace NS ...]
 
@@ -6,11 +6,7 @@ kopf delivers the watch events of TrainingJobs and of the pods and Services labe
 `jaxps.dev/job-name`; each only puts the job's key on a work queue (stateless `on.event`
 handlers: kopf writes nothing on any object). Workers take a key at a time, never the same
 key twice at once, and run one level-based pass in a thread, so blocking API calls never stall
-the event loop:
-
-    GET the job -> LIST its pods -> GET its Service -> planner.plan(...) -> delete, create
-    -> read the chief's metrics (status.progress) -> one status write, only if it changed
-    -> Events -> delete the job when its TTL is over
+the event loop: `reconcile.reconcile` on `kube.KubeCluster`, the same pass `jaxps local` runs.
 
 Events that arrive during a pass queue the key again; a Plan's `requeue_after` (deadline, TTL)
 and the progress interval are real timers. The status is written with the resourceVersion that
@@ -21,7 +17,6 @@ names, so a create that answers 409 is success and a restarted operator creates 
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import os
 import socket
@@ -35,11 +30,11 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from jaxps_operator import kube, planner, progress, schema
+from jaxps_operator import builders, kube, reconcile
+from jaxps_operator.conditions import STATES
 
 PREFIX = "jaxps.dev"
 CHILD_CALLS = 8  # creates or deletes of one pass in flight at once
-STATES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 Key = tuple[str, str]  # (namespace, name)
 log = logging.getLogger("jaxps.operator")
 
@@ -54,7 +49,7 @@ class Options:
     liveness: str | None = "http://0.0.0.0:8080/healthz"
     peering: str | None = None  # None: standalone (one replica)
     priority: int = 0
-    image: str = planner.DEFAULT_IMAGE  # the runtime image of pods whose template names none
+    image: str = builders.DEFAULT_IMAGE  # the runtime image of pods whose template names none
 
 
 class Metrics:
@@ -92,151 +87,33 @@ class Metrics:
 # --- one pass (blocking; runs in a worker thread) ------------------------------------------------
 
 
-def pod_state(pod: Mapping[str, Any], owner_uid: str) -> planner.PodState | None:
-    """What the planner needs of a pod; pods of another job with the same name count as leaving."""
-    meta = pod["metadata"]
-    labels = meta.get("labels") or {}
-    try:
-        role, index = labels[planner.LABEL_ROLE], int(labels[planner.LABEL_INDEX])
-    except (KeyError, ValueError):
-        return None
-    status = pod.get("status") or {}
-    owned = any(ref.get("uid") == owner_uid for ref in meta.get("ownerReferences") or [])
-    main = ((pod.get("spec") or {}).get("containers") or [{}])[0].get("name")
-    terminated: Mapping[str, Any] = {}
-    for container in status.get("containerStatuses") or []:
-        state = (container.get("state") or {}).get("terminated")
-        if state and (container.get("name") == main or not terminated):
-            terminated = state
-    return planner.PodState(
-        name=meta["name"],
-        role=role,
-        index=index,
-        phase=status.get("phase", "Pending"),
-        ready=any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in status.get("conditions") or []
-        ),
-        exit_code=terminated.get("exitCode"),
-        reason=status.get("reason") or terminated.get("reason") or "",
-        deleting=bool(meta.get("deletionTimestamp")) or not owned,
-    )
-
-
-@dataclass
-class Outcome:
-    state: str | None  # None: the job is gone
-    requeue_after: float | None = None
-
-
 @dataclass
 class Reconciler:
-    api: kube.Api
+    """`reconcile.reconcile` on the API server, with the operator's options and metrics."""
+
+    cluster: kube.KubeCluster
     metrics: Metrics
     progress_interval: float = 10.0
-    image: str = planner.DEFAULT_IMAGE
-    invalid: set[str] = field(default_factory=set)  # uids already reported as invalid
-    validated: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    image: str = builders.DEFAULT_IMAGE
+    validator: reconcile.Validator = field(default_factory=reconcile.Validator)
     pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(CHILD_CALLS, thread_name_prefix="jaxps-child")
     )
 
-    def reconcile(self, namespace: str, name: str) -> Outcome:
-        # the three reads at once: the job, its pods, its Service
-        pods_read = self.pool.submit(self.api.list_pods, namespace, f"{planner.LABEL_JOB}={name}")
-        service_read = self.pool.submit(self.api.service_exists, namespace, name)
-        raw = self.api.get_job(namespace, name)
-        pods, service_exists = pods_read.result(), service_read.result()
-        if raw is None or raw["metadata"].get("deletionTimestamp"):
-            return Outcome(state=None)
-        meta = raw["metadata"]
-        try:
-            job = self._spec(raw)
-        except schema.InvalidManifestError as err:
-            # the API server enforces the same schema, so this is a CRD older than the operator
-            if meta["uid"] not in self.invalid:
-                self.invalid.add(meta["uid"])
-                self.api.post_event(raw, type_="Warning", reason="InvalidSpec", message=str(err))
-            return Outcome(state=(raw.get("status") or {}).get("state", "Created"))
-        job["metadata"] = meta
-        job["status"] = raw.get("status") or {}
-        observed = [s for p in pods if (s := pod_state(p, meta["uid"])) is not None]
-        plan = planner.plan(
-            job, observed, datetime.now(UTC), service_exists=service_exists, image=self.image
+    def reconcile(self, namespace: str, name: str) -> reconcile.Outcome:
+        outcome = reconcile.reconcile(
+            self.cluster,
+            namespace,
+            name,
+            now=datetime.now(UTC),
+            validator=self.validator,
+            image=self.image,
+            progress_interval=self.progress_interval,
+            parallel=self.pool.map,
         )
-        # deletes, then creates, each batch in parallel (a job's pods appear together)
-        gone = list(self.pool.map(lambda n: self.api.delete_pod(namespace, n), plan.delete))
-        deleted = [n for n, ok in zip(plan.delete, gone, strict=True) if ok]
-        made = list(self.pool.map(lambda m: self.api.create(namespace, m), plan.create))
-        created = [
-            f"{m['kind']} {m['metadata']['name']}"
-            for m, ok in zip(plan.create, made, strict=True)
-            if ok
-        ]
-        status = plan.status
-        chief = self._chief(job, pods)
-        if chief is not None:
-            status["progress"] = self._progress(chief, status.get("progress") or {})
-        if status != job["status"]:
-            self.api.replace_job_status({**raw, "status": status})
-        if deleted:
-            plan.events.append(
-                planner.Event("Normal", "PodsDeleted", f"deleted pod {', '.join(deleted)}")
-            )
-        if created:
-            plan.events.append(planner.Event("Normal", "Created", f"created {', '.join(created)}"))
-        for event in plan.events:
-            self.api.post_event(raw, type_=event.type, reason=event.reason, message=event.message)
-            if event.reason == "PodReplaced":
-                self.metrics.replacements.labels(role=event.message.split(" ", 1)[0]).inc()
-        if plan.delete_job:
-            log.info("TrainingJob %s/%s: ttlSecondsAfterFinished is over: deleted", namespace, name)
-            self.api.delete_job(namespace, name)
-            return Outcome(state=None)
-        requeue = plan.requeue_after
-        if chief is not None and status["state"] not in planner.TERMINAL:
-            requeue = min(requeue or self.progress_interval, self.progress_interval)
-        return Outcome(state=status["state"], requeue_after=requeue)
-
-    def _spec(self, raw: Mapping[str, Any]) -> dict[str, Any]:
-        """The job validated with defaults applied, once per uid and generation (CEL is slow)."""
-        key = (raw["metadata"]["uid"], raw["metadata"].get("generation", 0))
-        if key not in self.validated:
-            self.validated = {
-                k: v for k, v in self.validated.items() if k[0] != key[0]
-            }  # one generation per job
-            self.validated[key] = schema.validate({k: v for k, v in raw.items() if k != "status"})
-        return copy.deepcopy(self.validated[key])
-
-    @staticmethod
-    def _chief(job: Mapping[str, Any], pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """The chief's pod while it runs with an IP, or once it has succeeded."""
-        name = planner.pod_name(job, *planner.chief_task(job))
-        for p in pods:
-            status = p.get("status") or {}
-            if p["metadata"]["name"] != name:
-                continue
-            if status.get("phase") == "Succeeded" or (
-                status.get("phase") == "Running"
-                and status.get("podIP")
-                and not p["metadata"].get("deletionTimestamp")
-            ):
-                return p
-        return None
-
-    @staticmethod
-    def _progress(chief: Mapping[str, Any], previous: Mapping[str, Any]) -> dict[str, Any]:
-        """The chief's final summary (its termination message) once it ended, else its metrics."""
-        status = chief.get("status") or {}
-        for container in status.get("containerStatuses") or []:
-            ended = (container.get("state") or {}).get("terminated") or {}
-            done = progress.summary(ended.get("message"))
-            if done is not None:
-                return progress.final(previous, done)
-        if status.get("phase") != "Running":
-            return dict(previous)
-        port = planner.metrics_port(chief["spec"]["containers"][0])
-        return progress.merge(previous, progress.read_metrics(chief["status"]["podIP"], port))
+        for role, _ in outcome.replaced:
+            self.metrics.replacements.labels(role=role).inc()
+        return outcome
 
 
 # --- the work queue (event loop) -----------------------------------------------------------------
@@ -330,6 +207,7 @@ class Controller:
     def forget(self, key: Key) -> None:
         self.queue.forget(key)
         self.states.pop(key, None)
+        self.reconciler.validator.forget(*key)
         self._count()
 
     def _count(self) -> None:
@@ -351,7 +229,7 @@ class Controller:
             started = time.perf_counter()
             try:
                 outcome = await asyncio.to_thread(self.reconciler.reconcile, *key)
-            except kube.ConflictError as err:
+            except reconcile.ConflictError as err:
                 log.info("%s: pass repeated", err)
                 self.queue.add_after(key, 0.1)
             except kube.ApiException as err:
@@ -434,13 +312,13 @@ def registry(controller: Controller) -> kopf.OperatorRegistry:
             controller.touch((namespace, name))
 
     def child_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
-        job = labels.get(planner.LABEL_JOB)
+        job = labels.get(builders.LABEL_JOB)
         if job and namespace is not None:
             controller.touch((namespace, job))
 
     for plural in ("pods", "services"):
         kopf.on.event(
-            plural, labels={planner.LABEL_JOB: kopf.PRESENT}, id=f"{plural}-event", registry=reg
+            plural, labels={builders.LABEL_JOB: kopf.PRESENT}, id=f"{plural}-event", registry=reg
         )(child_event)
 
     @kopf.on.probe(id="jobs", registry=reg)
@@ -465,7 +343,7 @@ def run(options: Options) -> None:
     controller = Controller(
         options=options,
         reconciler=Reconciler(
-            api=kube.Api(),
+            cluster=kube.KubeCluster(),
             metrics=metrics,
             progress_interval=options.progress_interval,
             image=options.image,

@@ -1,8 +1,10 @@
-"""A thin, blocking wrapper of the Kubernetes API for the operator: plain dicts in and out.
+"""The Kubernetes adapter of the `Cluster` port: the API server, through the official client.
 
 Every call here blocks on the network, so the controller only makes them from worker threads,
 never on kopf's event loop. Creating an object that already exists (409) and deleting one that
 is gone (404) count as success: children have deterministic names and a pass may be repeated.
+A task's progress is read from its pod IP and its container port named `metrics`; its final
+summary is its container's termination message.
 """
 
 from __future__ import annotations
@@ -11,20 +13,22 @@ import json
 import os
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-__all__ = ["Api", "ApiException", "ConflictError", "load_config", "message"]
+from jaxps_operator import builders, progress
+from jaxps_operator.conditions import Event
+from jaxps_operator.objects import PodState
+from jaxps_operator.reconcile import Children, ConflictError
+
+__all__ = ["ApiException", "ConflictError", "KubeCluster", "load_config", "message", "pod_state"]
 
 GROUP, VERSION, PLURAL, KIND = "jaxps.dev", "v1alpha1", "trainingjobs", "TrainingJob"
 COMPONENT = "jaxps-operator"
-
-
-class ConflictError(Exception):
-    """The object changed since it was read: the pass is repeated."""
 
 
 def load_config() -> None:
@@ -47,11 +51,72 @@ def _json(response: Any) -> Any:
     return json.loads(response.data)
 
 
-class Api:
+def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
+    """What the planner needs of a pod; pods of another job with the same name count as leaving."""
+    meta = pod["metadata"]
+    labels = meta.get("labels") or {}
+    try:
+        role, index = labels[builders.LABEL_ROLE], int(labels[builders.LABEL_INDEX])
+    except (KeyError, ValueError):
+        return None
+    status = pod.get("status") or {}
+    owned = any(ref.get("uid") == owner_uid for ref in meta.get("ownerReferences") or [])
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    main = containers[0]
+    terminated: Mapping[str, Any] = {}
+    for container in status.get("containerStatuses") or []:
+        state = (container.get("state") or {}).get("terminated")
+        if state and (container.get("name") == main.get("name") or not terminated):
+            terminated = state
+    phase = status.get("phase", "Pending")
+    ip = status.get("podIP")
+    return PodState(
+        name=meta["name"],
+        role=role,
+        index=index,
+        phase=phase,
+        ready=any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        ),
+        exit_code=terminated.get("exitCode"),
+        reason=status.get("reason") or terminated.get("reason") or "",
+        deleting=bool(meta.get("deletionTimestamp")) or not owned,
+        message=terminated.get("message") or "",
+        metrics=f"{ip}:{builders.template_metrics_port(main)}"
+        if ip and phase == "Running"
+        else None,
+    )
+
+
+class KubeCluster:
+    """The `Cluster` of the API server the client is configured for. Thread-safe."""
+
     def __init__(self, api_client: client.ApiClient | None = None) -> None:
         self.client = api_client or client.ApiClient()
         self.core = client.CoreV1Api(self.client)
         self.custom = client.CustomObjectsApi(self.client)
+        self.reads = ThreadPoolExecutor(4, thread_name_prefix="jaxps-read")
+
+    # --- the port -----------------------------------------------------------------------------
+
+    def children(self, job: Mapping[str, Any]) -> Children:
+        meta = job["metadata"]
+        pods = self.reads.submit(
+            self.list_pods, meta["namespace"], f"{builders.LABEL_JOB}={meta['name']}"
+        )
+        service = self.service_exists(meta["namespace"], meta["name"])
+        states = [s for p in pods.result() if (s := pod_state(p, meta.get("uid", ""))) is not None]
+        return Children(pods=states, service=service)
+
+    def network(self, job: Mapping[str, Any]) -> builders.Network:
+        return builders.dns_network(job)
+
+    def write_status(self, job: Mapping[str, Any], status: Mapping[str, Any]) -> None:
+        self.replace_job_status({**job, "status": dict(status)})
+
+    def task_progress(self, pod: PodState) -> dict[str, float]:
+        return progress.read_metrics(pod.metrics) if pod.metrics else {}
 
     # --- TrainingJobs -------------------------------------------------------------------------
 
@@ -84,11 +149,17 @@ class Api:
                 return
             raise
 
-    def delete_job(self, namespace: str, name: str) -> None:
+    def delete_job(self, job: Mapping[str, Any]) -> None:
         """Deletes the job; the garbage collector deletes its children (owner references)."""
+        meta = job["metadata"]
         try:
             self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background"
+                GROUP,
+                VERSION,
+                meta["namespace"],
+                PLURAL,
+                meta["name"],
+                propagation_policy="Background",
             )
         except ApiException as err:
             if err.status != 404:
@@ -113,8 +184,9 @@ class Api:
             raise
         return True
 
-    def create(self, namespace: str, manifest: Mapping[str, Any]) -> bool:
-        """Creates a Pod or Service; False when it already exists."""
+    def create(self, job: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
+        """Creates a Pod or Service in the job's namespace; False when it already exists."""
+        namespace = job["metadata"]["namespace"]
         create = (
             self.core.create_namespaced_pod
             if manifest["kind"] == "Pod"
@@ -129,8 +201,9 @@ class Api:
             raise
         return True
 
-    def delete_pod(self, namespace: str, name: str) -> bool:
+    def delete_pod(self, job: Mapping[str, Any], name: str) -> bool:
         """Deletes a pod; False when it was already gone."""
+        namespace = job["metadata"]["namespace"]
         try:
             self.core.delete_namespaced_pod(name, namespace, _preload_content=False)
         except ApiException as err:
@@ -141,9 +214,10 @@ class Api:
 
     # --- events -------------------------------------------------------------------------------
 
-    def post_event(self, job: Mapping[str, Any], *, type_: str, reason: str, message: str) -> None:
+    def post_event(self, job: Mapping[str, Any], event: Event) -> None:
         """A core/v1 Event on the TrainingJob (what `kubectl describe tj` shows)."""
         meta = job["metadata"]
+        type_, reason, message = event.type, event.reason, event.message
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body: Any = {
             "apiVersion": "v1",

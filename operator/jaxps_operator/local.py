@@ -1,18 +1,23 @@
-"""`jaxps local`: a TrainingJob on this machine, every pod a process, driven by the planner.
+"""`jaxps local`: a TrainingJob on this machine, the reconcile pass in a loop over processes.
 
-The backend only carries out Plans: each pod becomes `python -m jaxps_runtime` with the pod's
-environment, except that TF_CONFIG names 127.0.0.1 and free ports instead of the Service's DNS
-names; a deleted pod is a process sent SIGTERM (SIGKILL after a grace period); a process that
-exits is a pod Succeeded (0) or Failed (its exit code; death by signal N is 128 + N, as
-Kubernetes reports it). Progress comes from the chief's Prometheus metrics. One log per task in
-the work directory. Nothing is left running when it returns, Ctrl-C included.
+`LocalCluster` is the local adapter of the `Cluster` port, a kubelet and an API server of one
+job: the stored job is a dict; a created pod is `python -m jaxps_runtime` (its container's
+command) with the pod's environment exactly as the builder made it, plus what a node gives a
+container (JAX_PLATFORMS=cpu unless set, the runtime on PYTHONPATH, JAXPS_TERMINATION_LOG: its
+termination-message file); the Service is the job's port table: every task gets 127.0.0.1 and
+two free ports (gRPC, metrics), all reserved at once so no two tasks share one; a deleted pod
+is a process sent SIGTERM (SIGKILL after a grace period); a process that exits is a pod
+Succeeded (0) or Failed (its exit code; death by signal N is 128 + N, as Kubernetes reports it).
+One log per task in the work directory. Nothing is left running when `run` returns, Ctrl-C
+included.
 
 Not thread-safe: one loop drives it.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import copy
 import os
 import re
 import signal
@@ -20,14 +25,16 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from jaxps_operator import planner, progress
-from jaxps_runtime import cluster
+from jaxps_operator import builders, progress, reconcile
+from jaxps_operator.conditions import TERMINAL, Event
+from jaxps_operator.objects import PodState
+from jaxps_operator.reconcile import Children
 
 GRACE_SECONDS = 10.0
 TICK_SECONDS = 0.25
@@ -50,13 +57,13 @@ class Kill:
         if not match:
             raise KillSpecError(f"--kill {text!r}: expected TASK@step=N, such as ps-0@step=200")
         role, _, index = match["task"].rpartition("-")
-        tasks = [f"{r}-{i}" for r, n in planner.replicas(job).items() for i in range(n)]
+        tasks = [f"{r}-{i}" for r, i in builders.tasks(job)]
         if match["task"] not in tasks:
             raise KillSpecError(
                 f"--kill {text!r}: the job has no task {match['task']}; its tasks "
                 f"are {', '.join(tasks)}"
             )
-        return cls(planner.pod_name(job, role, int(index)), int(match["step"]))
+        return cls(builders.pod_name(job, role, int(index)), int(match["step"]))
 
 
 @dataclass
@@ -64,6 +71,7 @@ class Process:
     role: str
     index: int
     popen: subprocess.Popen[bytes]
+    termination_log: Path
     deleting_since: float | None = None
 
     @property
@@ -74,38 +82,60 @@ class Process:
         return 128 - code if code < 0 else code  # -9 (SIGKILL) reads as 137
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports of 127.0.0.1: every socket stays bound until all are picked."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
+
+
+def local_job(job: Mapping[str, Any], workdir: Path) -> dict[str, Any]:
+    """The job as this machine runs it: an identity, and a volume-backed or relative checkpoint
+    dir (and export path) moved into the work directory, where every task finds it."""
+    out = copy.deepcopy(dict(job))
+    meta = out.setdefault("metadata", {})
+    meta.setdefault("uid", f"local-{os.getpid()}-{time.time_ns()}")
+    meta.setdefault("namespace", "local")
+    meta.setdefault("generation", 1)
+    training = out["spec"]["training"]
+    checkpoint = training.get("checkpoint") or {}
+    if checkpoint.get("claimName") or (
+        checkpoint.get("dir") and not Path(checkpoint["dir"]).is_absolute()
+    ):
+        checkpoint["dir"] = str(workdir / "checkpoints")
+    if training.get("exportPath") and not Path(training["exportPath"]).is_absolute():
+        training["exportPath"] = str(workdir / training["exportPath"])
+    out["status"] = {}
+    return out
 
 
 @dataclass
-class LocalJob:
-    """One TrainingJob run as local processes."""
+class LocalCluster:
+    """The `Cluster` of one job run as local processes."""
 
-    job: dict[str, Any]
+    job: dict[str, Any]  # as stored: metadata, spec, status
     workdir: Path
-    kills: list[Kill] = field(default_factory=list)
     processes: dict[str, Process] = field(default_factory=dict)
-    ports: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (grpc, metrics)
-    summary: dict[str, Any] | None = None
-    events: list[planner.Event] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    service: dict[str, Any] | None = None
+    deleted: bool = False
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.job.setdefault("metadata", {}).setdefault(
-            "uid", f"local-{os.getpid()}-{time.time_ns()}"
-        )
-        self.job["metadata"].setdefault("namespace", "local")
-        for role, count in planner.replicas(self.job).items():
-            for index in range(count):
-                self.ports[planner.pod_name(self.job, role, index)] = (_free_port(), _free_port())
-        self._training = self._local_training()
+        names = [builders.pod_name(self.job, r, i) for r, i in builders.tasks(self.job)]
+        ports = free_ports(2 * len(names))
+        self.ports = {n: (ports[2 * k], ports[2 * k + 1]) for k, n in enumerate(names)}
 
-    # --- what the planner sees ---------------------------------------------------------------
+    # --- the port -----------------------------------------------------------------------------
 
-    def observe(self) -> list[planner.PodState]:
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None if self.deleted else copy.deepcopy(self.job)
+
+    def children(self, job: Mapping[str, Any]) -> Children:
         pods = []
         for name, proc in list(self.processes.items()):
             code = proc.exit_code
@@ -117,7 +147,7 @@ class LocalJob:
                     proc.popen.kill()
             phase = "Running" if code is None else ("Succeeded" if code == 0 else "Failed")
             pods.append(
-                planner.PodState(
+                PodState(
                     name=name,
                     role=proc.role,
                     index=proc.index,
@@ -125,61 +155,75 @@ class LocalJob:
                     ready=code is None,
                     exit_code=code,
                     deleting=proc.deleting_since is not None,
+                    message=_read(proc.termination_log) if code is not None else "",
+                    metrics=f"127.0.0.1:{self.ports[name][1]}" if code is None else None,
                 )
             )
-        return pods
+        return Children(pods=pods, service=self.service is not None)
 
-    def apply(self, plan: planner.Plan) -> None:
-        for name in plan.delete:
-            proc = self.processes.get(name)
-            if proc is None or proc.deleting_since is not None:
-                continue
+    def network(self, job: Mapping[str, Any]) -> builders.Network:
+        return builders.Network(
+            addresses={
+                role: [
+                    f"127.0.0.1:{self.ports[builders.pod_name(job, role, i)][0]}"
+                    for i in range(count)
+                ]
+                for role, count in builders.replicas(job).items()
+            },
+            metrics_ports={name: metrics for name, (_, metrics) in self.ports.items()},
+        )
+
+    def create(self, job: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
+        name = manifest["metadata"]["name"]
+        if manifest["kind"] == "Service":
+            if self.service is not None:
+                return False
+            self.service = dict(manifest)
+            return True
+        if name in self.processes:
+            return False
+        self._start(manifest)
+        return True
+
+    def delete_pod(self, job: Mapping[str, Any], name: str) -> bool:
+        proc = self.processes.get(name)
+        if proc is None:
+            return False
+        if proc.deleting_since is None:
             if proc.exit_code is not None:
                 del self.processes[name]
             else:
                 proc.popen.send_signal(signal.SIGTERM)
                 proc.deleting_since = time.monotonic()
-        for manifest in plan.create:
-            if manifest["kind"] == "Pod":
-                self._start(manifest)
-        self.events += plan.events
+        return True
 
-    # --- processes --------------------------------------------------------------------------
+    def write_status(self, job: Mapping[str, Any], status: Mapping[str, Any]) -> None:
+        self.job["status"] = copy.deepcopy(dict(status))
 
-    def _local_training(self) -> str:
-        """spec.training, with a volume-backed checkpoint dir moved into the work dir."""
-        training = json.loads(planner.training_json(self.job))
-        checkpoint = training.get("checkpoint") or {}
-        if checkpoint.get("claimName") or (
-            checkpoint.get("dir") and not Path(checkpoint["dir"]).is_absolute()
-        ):
-            checkpoint["dir"] = str(self.workdir / "checkpoints")
-        if training.get("exportPath") and not Path(training["exportPath"]).is_absolute():
-            training["exportPath"] = str(self.workdir / training["exportPath"])
-        return json.dumps(training, sort_keys=True)
+    def post_event(self, job: Mapping[str, Any], event: Event) -> None:
+        self.events.append(event)
 
-    def _tf_config(self, role: str, index: int) -> str:
-        addresses = {
-            r: [f"127.0.0.1:{self.ports[planner.pod_name(self.job, r, i)][0]}" for i in range(n)]
-            for r, n in planner.replicas(self.job).items()
-        }
-        return cluster.build_tf_config(cluster=addresses, task_type=role, task_index=index)
+    def delete_job(self, job: Mapping[str, Any]) -> None:
+        self.deleted = True
+        for name in list(self.processes):
+            self.delete_pod(job, name)
+
+    def task_progress(self, pod: PodState) -> dict[str, float]:
+        return progress.read_metrics(pod.metrics) if pod.metrics else {}
+
+    # --- processes ----------------------------------------------------------------------------
 
     def _start(self, manifest: Mapping[str, Any]) -> None:
         name = manifest["metadata"]["name"]
         labels = manifest["metadata"]["labels"]
-        role, index = labels[planner.LABEL_ROLE], int(labels[planner.LABEL_INDEX])
+        role, index = labels[builders.LABEL_ROLE], int(labels[builders.LABEL_INDEX])
         container = manifest["spec"]["containers"][0]
+        termination_log = self.workdir / f"{name}.termination-log"
+        termination_log.write_text("")  # as the kubelet creates it: the task writes if it exists
         env = dict(os.environ)
         env.update({e["name"]: str(e.get("value", "")) for e in container.get("env", [])})
-        env.update(
-            {
-                "TF_CONFIG": self._tf_config(role, index),
-                "JAXPS_TRAINING": self._training,
-                "JAXPS_METRICS_PORT": str(self.ports[name][1]),
-                "JAX_PLATFORMS": env.get("JAX_PLATFORMS", "cpu"),
-            }
-        )
+        env.setdefault("JAX_PLATFORMS", "cpu")
+        env["JAXPS_TERMINATION_LOG"] = str(termination_log)
         runtime_root = str(Path(__file__).resolve().parents[2] / "runtime")
         env["PYTHONPATH"] = os.pathsep.join(
             dict.fromkeys(
@@ -199,18 +243,29 @@ class LocalJob:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-        self.processes[name] = Process(role=role, index=index, popen=popen)
+        self.processes[name] = Process(
+            role=role, index=index, popen=popen, termination_log=termination_log
+        )
 
-    def kill_due(self, step: float) -> list[str]:
+    def kill_due(self, step: float, kills: list[Kill]) -> list[str]:
         """SIGKILLs the tasks whose --kill step is reached (each once); their names."""
         done = []
-        for kill in list(self.kills):
+        for kill in list(kills):
             proc = self.processes.get(kill.task)
             if step >= kill.step and proc is not None and proc.exit_code is None:
                 proc.popen.send_signal(signal.SIGKILL)
-                self.kills.remove(kill)
+                kills.remove(kill)
                 done.append(kill.task)
         return done
+
+    def stopping(self) -> bool:
+        """Whether a deleted process is still on its way out."""
+        return any(
+            p.exit_code is None for p in self.processes.values() if p.deleting_since is not None
+        )
+
+    def running(self) -> list[str]:
+        return [n for n, p in self.processes.items() if p.exit_code is None]
 
     def stop_all(self) -> None:
         for proc in self.processes.values():
@@ -224,69 +279,52 @@ class LocalJob:
                 proc.popen.kill()
                 proc.popen.wait()
 
-    # --- progress ---------------------------------------------------------------------------
 
-    def chief_name(self) -> str:
-        return planner.pod_name(self.job, *planner.chief_task(self.job))
-
-    def progress(self) -> dict[str, Any]:
-        metrics = progress.read_metrics("127.0.0.1", self.ports[self.chief_name()][1])
-        current = progress.merge(self.job.get("status", {}).get("progress") or {}, metrics)
-        summary = self.read_summary()
-        return current if summary is None else progress.final(current, summary)
-
-    def read_summary(self) -> dict[str, Any] | None:
-        """The chief's `{"event": "done", ...}` line, once it printed it."""
-        if self.summary is not None:
-            return self.summary
-        log = self.workdir / f"{self.chief_name()}.log"
-        if not log.exists():
-            return None
-        self.summary = progress.summary(log.read_text(errors="replace"))
-        return self.summary
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def run(
-    job: dict[str, Any], *, workdir: Path, kills: list[Kill], on_tick: Any = None
+    job: Mapping[str, Any],
+    *,
+    workdir: Path,
+    kills: list[Kill],
+    on_tick: Callable[[dict[str, Any], LocalCluster], None] | None = None,
 ) -> dict[str, Any]:
-    """Runs the job to the end; returns its final status. Stops every process on the way out."""
-    local = LocalJob(job=job, workdir=workdir, kills=kills)
-    job.setdefault("status", {})
+    """Runs the job (validated, defaults applied) to the end; returns its final status. Stops
+    every process on the way out."""
+    local = LocalCluster(job=local_job(job, workdir), workdir=workdir)
+    meta = local.job["metadata"]
+    validator = reconcile.Validator()
+    kills = list(kills)
     try:
         while True:
-            observed = local.observe()
-            plan = planner.plan(
-                job,
-                observed,
-                datetime.now(UTC),
-                service_exists=bool(job["status"].get("conditions")),
+            outcome = reconcile.reconcile(
+                local, meta["namespace"], meta["name"], now=datetime.now(UTC), validator=validator
             )
-            local.apply(plan)
-            job["status"] = plan.status
-            job["status"]["progress"] = local.progress()
-            step = job["status"]["progress"].get("step", 0)
-            for task in local.kill_due(step):
+            status = local.job["status"]
+            step = (status.get("progress") or {}).get("step", 0)
+            for task in local.kill_due(step, kills):
                 local.events.append(
-                    planner.Event(
-                        "Warning", "KilledOnRequest", f"--kill: SIGKILL {task} at step {step}"
-                    )
+                    Event("Warning", "KilledOnRequest", f"--kill: SIGKILL {task} at step {step}")
                 )
             if on_tick is not None:
-                on_tick(job, local)
-            finished = job["status"]["state"] in planner.TERMINAL
-            if finished and not any(
-                p.exit_code is None
-                for p in local.processes.values()
-                if p.deleting_since is not None
+                on_tick(local.job, local)
+            over = outcome.state is None or outcome.state in TERMINAL
+            if (
+                over
+                and not local.stopping()
+                and (
+                    outcome.state is None
+                    or not local.running()
+                    or local.job["spec"]["runPolicy"]["cleanPodPolicy"] == "None"
+                )
             ):
-                running = [n for n, p in local.processes.items() if p.exit_code is None]
-                if (
-                    not running
-                    or plan.delete_job
-                    or job["spec"]["runPolicy"]["cleanPodPolicy"] == "None"
-                ):
-                    final: dict[str, Any] = job["status"]
-                    return final
+                final: dict[str, Any] = local.job["status"]
+                return final
             time.sleep(TICK_SECONDS)
     finally:
         local.stop_all()

@@ -1,9 +1,12 @@
-"""`status.progress` from the chief's Prometheus metrics (DESIGN.md section 3).
+"""`status.progress`: the chief's Prometheus metrics while it runs, its final summary after.
 
-Both backends read it the same way: `jaxps local` from 127.0.0.1, the operator from the chief
-pod's IP and its container port named `metrics`. Once the chief has ended, its final JSON summary
-(the last line of its log locally, its container's termination message on Kubernetes) makes the
-progress final: the last step and the evaluation, which metrics read mid-run can miss.
+    update(previous, chief, metrics) -> progress
+
+One function for both backends, called by the reconcile pass: the `Cluster` reads the chief's
+metrics (the pod's IP and its port named `metrics` on Kubernetes, 127.0.0.1 locally) and its
+termination message (the container's `terminated.message` on Kubernetes, the file the local
+backend gives as JAXPS_TERMINATION_LOG). Once the chief has ended, its final JSON summary makes
+the progress final: the last step and the evaluation, which metrics read mid-run can miss.
 """
 
 from __future__ import annotations
@@ -14,15 +17,16 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from jaxps_operator.objects import PodState
+
 TIMEOUT_SECONDS = 1.0
 
 
-def read_metrics(host: str, port: int) -> dict[str, float]:
-    """The jaxps_* metrics a task serves, by name (eval metrics as eval/<name>); {} if down."""
+def read_metrics(address: str) -> dict[str, float]:
+    """The jaxps_* metrics a task serves at host:port, by name (eval metrics as eval/<name>);
+    {} if it does not answer."""
     try:
-        with urllib.request.urlopen(
-            f"http://{host}:{port}/metrics", timeout=TIMEOUT_SECONDS
-        ) as reply:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=TIMEOUT_SECONDS) as reply:
             text = reply.read().decode()
     except (OSError, ValueError):
         return {}
@@ -40,18 +44,31 @@ def read_metrics(host: str, port: int) -> dict[str, float]:
     return out
 
 
+def update(
+    previous: Mapping[str, Any], chief: PodState | None, metrics: Mapping[str, float]
+) -> dict[str, Any]:
+    """The progress after a pass: final once the chief's termination message holds its
+    summary, else `previous` updated with its metrics (unchanged when there are none)."""
+    done = summary(chief.message) if chief is not None else None
+    if done is not None:
+        return final(previous, done)
+    return merge(previous, metrics)
+
+
 def merge(previous: Mapping[str, Any], metrics: Mapping[str, float]) -> dict[str, Any]:
     """`previous` progress updated with what the metrics say (unchanged when they are empty)."""
     progress = dict(previous)
     if metrics:
+        step = int(metrics.get("jaxps_global_step", 0))
         progress.update(
             {
-                "step": int(metrics.get("jaxps_global_step", 0)),
-                "loss": metrics.get("jaxps_loss", 0.0),
+                "step": step,
                 "stepsPerSecond": round(metrics.get("jaxps_steps_per_second", 0.0), 2),
                 "lastCheckpointStep": int(metrics.get("jaxps_last_checkpoint_step", 0)),
             }
         )
+        if step > 0 and "jaxps_loss" in metrics:  # no loss before the first step
+            progress["loss"] = metrics["jaxps_loss"]
         evals = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("eval/")}
         if evals:
             progress["eval"] = evals

@@ -235,8 +235,22 @@ def validate(manifest: Any) -> dict[str, Any]:
     return job
 
 
+def training_problems(job: Mapping[str, Any]) -> list[Problem]:
+    """What the runtime would refuse in `spec.training` of a valid job (names of built-in
+    models, datasets and optimizers, their arguments, every cross-field rule), found without
+    JAX: `jaxps_runtime.config` is standard library (and YAML) only."""
+    from jaxps_runtime import config  # noqa: PLC0415 - only where training is checked
+
+    out = []
+    for text in config.problems(job["spec"].get("training") or {}, path="spec.training"):
+        path, _, message = text.partition(": ")
+        out.append(Problem(path, message) if message else Problem("", text))
+    return out
+
+
 def load(text: str) -> dict[str, Any]:
-    """Parses one YAML or JSON manifest and validates it."""
+    """Parses one YAML or JSON manifest and validates it: the CRD's schema, then (when that
+    passes) what the runtime would refuse in `spec.training`."""
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as err:
@@ -245,4 +259,8 @@ def load(text: str) -> dict[str, Any]:
         raise InvalidManifestError(
             [Problem("", f"expected one {KIND} document, found {len(docs)}")]
         )
-    return validate(docs[0])
+    job = validate(docs[0])
+    problems = training_problems(job)
+    if problems:
+        raise InvalidManifestError(problems)
+    return job

@@ -2,8 +2,11 @@
 
 The task comes from TF_CONFIG (TensorFlow's format) or from TF1's flags
 (--ps_hosts --worker_hosts [--chief_hosts --evaluator_hosts] --job_name --task_index); the job's
-identity from JAXPS_JOB_UID (or JAXPS_JOB_NAME). Exit codes: 0 done, 1 failed, 2 bad input,
-128 + N stopped by signal N (143 for SIGTERM, 130 for SIGINT; a ps exits 0, see `server`).
+identity from JAXPS_JOB_UID (or JAXPS_JOB_NAME). Exit codes: 0 done, 1 failed, 2 a usage error
+(TF_CONFIG, the flags, JAXPS_METRICS_PORT, JAXPS_PS_XLA_THREADS), 78 an invalid training
+configuration (`config.EXIT_INVALID_TRAINING`: the control plane fails the job at once; the
+problems are in the termination log, see `roles`), 128 + N stopped by signal N (143 for
+SIGTERM, 130 for SIGINT; a ps exits 0, see `server`).
 Every role stops cleanly and promptly on SIGTERM and SIGINT (`stopping`).
 """
 

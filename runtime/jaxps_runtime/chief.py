@@ -8,7 +8,7 @@
 5. At `steps`: tells every task to stop, waits for the workers and the evaluator to finish,
    evaluates (unless an evaluator did), writes the parameters to `exportPath` if set, shuts every
    ps down so none lingers, and prints one JSON summary as its last line on stdout (also to
-   /dev/termination-log when that file exists, as Kubernetes reads it).
+   the termination log when that file exists, as Kubernetes reads it: `termination`).
 Told to stop (SIGTERM, `stopping`), it ends its waits and calls and exits with
 `stopping.Stopped`, leaving the ps tasks serving (never Shutdown: a replacement chief adopts
 their state) and committing no checkpoint it has not got every shard of.
@@ -30,7 +30,7 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
-from jaxps_runtime import checkpoint, cluster, recovery, rpc, server, stopping
+from jaxps_runtime import checkpoint, cluster, recovery, rpc, server, stopping, termination
 from jaxps_runtime.client import PsClient, PsClientError
 from jaxps_runtime.config import TrainingConfig
 from jaxps_runtime.coordinator import CoordinatorServicer, Membership
@@ -39,7 +39,6 @@ from jaxps_runtime.task import Task
 from jaxps_runtime.worker import SPAN_KEYS, Worker, overlap_steps_per_second
 
 log = logging.getLogger(__name__)
-TERMINATION_LOG = Path("/dev/termination-log")
 
 _MODES = {"sync": ps_pb2.SYNC, "async": ps_pb2.ASYNC, "boundedStaleness": ps_pb2.BOUNDED_STALENESS}
 
@@ -459,11 +458,7 @@ class Chief:
         }
         log.info("done: step %d, eval %s", step, summary["eval"])
         line = json.dumps(summary)
-        if TERMINATION_LOG.exists():
-            try:
-                TERMINATION_LOG.write_text(line + "\n")
-            except OSError as err:
-                log.warning("cannot write %s: %s", TERMINATION_LOG, err)
+        termination.write([line])
         print(line, flush=True)
 
 

@@ -32,7 +32,8 @@ import numpy as np
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import codec, optim, rpc, stopping, streams
+from jaxps_runtime import codec, rpc, stopping, streams
+from jaxps_runtime.config import OptimizerConfig
 from jaxps_runtime.placement import Layout, Placement, Shard, named_leaves
 from jaxps_runtime.shards import Mode
 
@@ -274,7 +275,7 @@ class PsClient:
         self,
         params: Mapping[str, np.ndarray] | None,
         *,
-        optimizer: optim.OptimizerConfig,
+        optimizer: OptimizerConfig,
         epoch: int,
         step: int = 0,
         mode: Mode | None = None,

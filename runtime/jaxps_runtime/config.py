@@ -3,26 +3,43 @@
 Parsed from JAXPS_TRAINING (JSON) or a `--training` JSON/YAML file. Keys are camelCase as in
 the manifest; every default is applied here; every error names the field path, the value and
 what is allowed (`training.steps: got 0; expected an integer >= 1`). Pure and thread-safe.
+
+No JAX, optax or numpy (an import-linter contract and a unit test keep it so): the operator
+checks a manifest with this module, and the runtime checks it again at start with the same code.
+What only JAX can judge (a user model's import, the values optax accepts) is checked at task
+start (`roles`); a task that finds its configuration invalid there exits
+`EXIT_INVALID_TRAINING`. `parse` raises on the first problem; `problems` lists them all, and so
+does the `problems` of the error `parse` raises.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
-from jaxps_runtime import optim, placement
+from jaxps_runtime import catalog
 
 MODES = ("sync", "async", "boundedStaleness")
+EXIT_INVALID_TRAINING = 78
+"""A task's exit code when its training configuration is invalid (sysexits' EX_CONFIG): the
+control plane fails the job at once (reason InvalidTraining) and never retries it."""
+
+T = TypeVar("T")
 
 
 class TrainingConfigError(ValueError):
-    """The training configuration is invalid; the message names the field."""
+    """The training configuration is invalid. The message names the first problem's field;
+    `problems` holds every independent problem found, one line each."""
+
+    def __init__(self, message: str, *, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.problems: tuple[str, ...] = tuple(problems) or (message,)
 
 
 def _fail(path: str, value: object, expected: str) -> TrainingConfigError:
@@ -30,17 +47,18 @@ def _fail(path: str, value: object, expected: str) -> TrainingConfigError:
 
 
 class _Reader:
-    """Reads one object's keys, refusing unknown ones, with paths in every error."""
+    """Reads one object's keys, with paths in every error; `done` refuses keys that are not
+    fields of `schema` (a dataclass), whichever keys were read."""
 
-    def __init__(self, raw: object, path: str) -> None:
+    def __init__(self, raw: object, path: str, schema: type) -> None:
         if raw is None:
             raw = {}
         if not isinstance(raw, Mapping):
             raise _fail(path, raw, "an object")
-        self.raw, self.path, self.seen = raw, path, set[str]()
+        self.raw, self.path = raw, path
+        self.allowed = sorted(f.name for f in fields(schema))
 
     def get(self, key: str, default: Any = None) -> Any:
-        self.seen.add(key)
         return self.raw.get(key, default)
 
     def integer(self, key: str, default: int | None, *, minimum: int) -> int | None:
@@ -75,11 +93,53 @@ class _Reader:
         return dict(value)
 
     def done(self) -> None:
-        unknown = sorted(set(self.raw) - self.seen)
+        unknown = sorted(set(self.raw) - set(self.allowed))
         if unknown:
             raise TrainingConfigError(
-                f"{self.path}.{unknown[0]}: unknown field; allowed: {', '.join(sorted(self.seen))}"
+                f"{self.path}.{unknown[0]}: unknown field; allowed: {', '.join(self.allowed)}"
             )
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """An optax optimizer by function name, with its keyword arguments (JSON values).
+
+    `from_dict` checks the name and the argument names against `catalog.optimizers()`; the
+    values are optax's to judge (`optim.build`)."""
+
+    name: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, text: str, *, where: str = "optimizer") -> OptimizerConfig:
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise catalog.OptimizerError(f"{where}: not JSON ({err})") from err
+        return cls.from_dict(raw, where=where)
+
+    @classmethod
+    def from_dict(cls, raw: object, *, where: str = "optimizer") -> OptimizerConfig:
+        if not isinstance(raw, Mapping):
+            raise catalog.OptimizerError(
+                f"{where}: expected an object {{name, kwargs}}, got {raw!r}"
+            )
+        unknown = sorted(set(raw) - {"name", "kwargs"})
+        if unknown:
+            raise catalog.OptimizerError(
+                f"{where}: unknown key {unknown[0]!r}; allowed: name, kwargs"
+            )
+        name, kwargs = raw.get("name"), raw.get("kwargs", {})
+        if not isinstance(kwargs, Mapping):
+            raise catalog.OptimizerError(f"{where}.kwargs: expected an object, got {kwargs!r}")
+        return cls(name=catalog.check_optimizer(name, kwargs, where=where), kwargs=dict(kwargs))
+
+    def to_json(self) -> str:
+        return json.dumps({"name": self.name, "kwargs": dict(self.kwargs)}, sort_keys=True)
+
+
+def _default_optimizer() -> OptimizerConfig:
+    return OptimizerConfig("adagrad", {"learning_rate": 0.1})
 
 
 @dataclass(frozen=True)
@@ -97,8 +157,8 @@ class DatasetConfig:
 
 @dataclass(frozen=True)
 class PlacementConfig:
-    strategy: str = placement.GREEDY
-    minShardBytes: int = placement.DEFAULT_MIN_SHARD_BYTES  # noqa: N815 - manifest spelling
+    strategy: str = catalog.GREEDY
+    minShardBytes: int = catalog.DEFAULT_MIN_SHARD_BYTES  # noqa: N815 - manifest spelling
 
 
 @dataclass(frozen=True)
@@ -122,9 +182,7 @@ class TrainingConfig:
     steps: int = 1000
     batchSize: int = 32  # noqa: N815
     seed: int = 0
-    optimizer: optim.OptimizerConfig = field(
-        default_factory=lambda: optim.OptimizerConfig("adagrad", {"learning_rate": 0.1})
-    )
+    optimizer: OptimizerConfig = field(default_factory=_default_optimizer)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     evalEverySteps: int = 100  # noqa: N815
@@ -147,107 +205,208 @@ class TrainingConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-def parse(raw: object, *, path: str = "training") -> TrainingConfig:
-    """Validates `raw` (the parsed JSON/YAML object) and applies the defaults."""
-    top = _Reader(raw, path)
-    model_raw = _Reader(top.get("model"), f"{path}.model")
+class _Problems:
+    """The problems of one configuration, section by section: a section that fails is recorded
+    and stands in as its default, so that the sections after it are checked too."""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def check(self, fallback: T, read: Callable[[], T]) -> T:
+        try:
+            return read()
+        except (TrainingConfigError, catalog.ModelError, catalog.OptimizerError) as err:
+            self.add(err)
+            return fallback
+
+    def add(self, problem: Exception) -> None:
+        self.found.append(str(problem))
+
+
+def _model(raw: object, path: str) -> ModelConfig:
+    reader = _Reader(raw, path, ModelConfig)
     model = ModelConfig(
-        name=model_raw.string("name", "mlp") or "mlp",
-        module=model_raw.string("module", None),
-        kwargs=model_raw.mapping("kwargs"),
+        name=reader.string("name", "mlp") or "mlp",
+        module=reader.string("module", None),
+        kwargs=reader.mapping("kwargs"),
     )
-    model_raw.done()
-    from jaxps_runtime import models  # noqa: PLC0415 - keeps the config light to import
-
-    default_dataset = models.DEFAULT_DATASET.get(model.name, "synthetic")
-    data_raw = _Reader(top.get("dataset"), f"{path}.dataset")
-    dataset = DatasetConfig(
-        name=data_raw.string("name", default_dataset, allowed=models.DATASETS) or default_dataset,
-        kwargs=data_raw.mapping("kwargs"),
-    )
-    data_raw.done()
-    if model.module is None and model.name not in models.MODELS:
+    reader.done()
+    if model.module is not None:
+        catalog.check_module(model.module, where=f"{path}.module")
+    elif model.name not in catalog.MODELS:
         raise _fail(
-            f"{path}.model.name",
-            model.name,
-            f"one of {', '.join(models.MODELS)} (or set model.module)",
+            f"{path}.name", model.name, f"one of {', '.join(catalog.MODELS)} (or set model.module)"
         )
+    else:
+        catalog.check_model(model.name, model.kwargs, where=path)
+    return model
 
+
+def _default_dataset(raw_model: object) -> str:
+    """The dataset of the model `raw_model` names (read as given, even when it is invalid)."""
+    name = raw_model.get("name", "mlp") if isinstance(raw_model, Mapping) else "mlp"
+    return catalog.DEFAULT_DATASET.get(name, "synthetic") if isinstance(name, str) else "synthetic"
+
+
+def _dataset(raw: object, path: str, *, default: str) -> DatasetConfig:
+    reader = _Reader(raw, path, DatasetConfig)
+    dataset = DatasetConfig(
+        name=reader.string("name", default, allowed=catalog.DATASETS) or default,
+        kwargs=reader.mapping("kwargs"),
+    )
+    reader.done()
+    catalog.check_dataset(dataset.name, dataset.kwargs, where=path)
+    return dataset
+
+
+def _mode(top: _Reader) -> tuple[str, int | None, int | None]:
+    """(mode, replicasToAggregate, maxStaleness): each of the last two only in its mode."""
     mode = top.string("mode", "async", allowed=MODES) or "async"
     replicas = top.integer("replicasToAggregate", None, minimum=1)
     staleness = top.integer("maxStaleness", None, minimum=0)
     if replicas is not None and mode != "sync":
         raise _fail(
-            f"{path}.replicasToAggregate",
+            f"{top.path}.replicasToAggregate",
             replicas,
             f"no value unless mode is sync (mode is {mode})",
         )
     if staleness is not None and mode != "boundedStaleness":
         raise _fail(
-            f"{path}.maxStaleness",
+            f"{top.path}.maxStaleness",
             staleness,
             f"no value unless mode is boundedStaleness (mode is {mode})",
         )
+    return mode, replicas, staleness
 
-    try:
-        optimizer = optim.OptimizerConfig.from_dict(
-            top.get("optimizer", {"name": "adagrad", "kwargs": {"learning_rate": 0.1}}),
-            where=f"{path}.optimizer",
-        )
-    except optim.OptimizerError as err:
-        raise TrainingConfigError(str(err)) from err
 
-    place_raw = _Reader(top.get("placement"), f"{path}.placement")
+def _placement(raw: object, path: str) -> PlacementConfig:
+    reader = _Reader(raw, path, PlacementConfig)
     place = PlacementConfig(
-        strategy=place_raw.string("strategy", placement.GREEDY, allowed=placement.STRATEGIES)
-        or placement.GREEDY,
-        minShardBytes=place_raw.integer(
-            "minShardBytes", placement.DEFAULT_MIN_SHARD_BYTES, minimum=1
-        )
-        or placement.DEFAULT_MIN_SHARD_BYTES,
+        strategy=reader.string("strategy", catalog.GREEDY, allowed=catalog.STRATEGIES)
+        or catalog.GREEDY,
+        minShardBytes=reader.integer("minShardBytes", catalog.DEFAULT_MIN_SHARD_BYTES, minimum=1)
+        or catalog.DEFAULT_MIN_SHARD_BYTES,
     )
-    place_raw.done()
+    reader.done()
+    return place
 
-    ckpt_raw = _Reader(top.get("checkpoint"), f"{path}.checkpoint")
-    every_seconds = ckpt_raw.get("everySeconds")
+
+def _checkpoint(raw: object, path: str) -> CheckpointConfig:
+    reader = _Reader(raw, path, CheckpointConfig)
+    every_seconds = reader.get("everySeconds")
     checkpoint = CheckpointConfig(
-        dir=ckpt_raw.string("dir", None),
-        everySteps=ckpt_raw.integer("everySteps", None, minimum=1),
+        dir=reader.string("dir", None),
+        everySteps=reader.integer("everySteps", None, minimum=1),
         everySeconds=None
         if every_seconds is None
-        else ckpt_raw.number("everySeconds", 0.0, minimum=1.0),
-        keep=ckpt_raw.integer("keep", 3, minimum=1) or 3,
-        claimName=ckpt_raw.string("claimName", None),
+        else reader.number("everySeconds", 0.0, minimum=1.0),
+        keep=reader.integer("keep", 3, minimum=1) or 3,
+        claimName=reader.string("claimName", None),
     )
-    ckpt_raw.done()
+    reader.done()
+    return checkpoint
 
-    config = TrainingConfig(
+
+def _check(raw: object, path: str) -> tuple[TrainingConfig, list[str]]:
+    """The configuration with defaults applied, and every independent problem found (the
+    configuration means nothing unless there are none)."""
+    try:
+        top = _Reader(raw, path, TrainingConfig)
+    except TrainingConfigError as err:
+        return TrainingConfig(), [str(err)]
+    found = _Problems()
+    default = TrainingConfig()
+    model = found.check(default.model, lambda: _model(top.get("model"), f"{path}.model"))
+    dataset = found.check(
+        default.dataset,
+        lambda: _dataset(
+            top.get("dataset"), f"{path}.dataset", default=_default_dataset(top.get("model"))
+        ),
+    )
+    async_mode: tuple[str, int | None, int | None] = (default.mode, None, None)
+    mode, replicas, staleness = found.check(async_mode, lambda: _mode(top))
+    optimizer = found.check(
+        default.optimizer,
+        lambda: (
+            OptimizerConfig.from_dict(top.get("optimizer"), where=f"{path}.optimizer")
+            if "optimizer" in top.raw
+            else _default_optimizer()
+        ),
+    )
+
+    def integer(key: str, fallback: int, *, minimum: int) -> int:
+        return found.check(
+            fallback, lambda: top.integer(key, fallback, minimum=minimum) or fallback
+        )
+
+    def number(key: str, fallback: float, *, minimum: float) -> float:
+        return found.check(fallback, lambda: top.number(key, fallback, minimum=minimum))
+
+    place = found.check(
+        default.placement, lambda: _placement(top.get("placement"), f"{path}.placement")
+    )
+    checkpoint = found.check(
+        default.checkpoint, lambda: _checkpoint(top.get("checkpoint"), f"{path}.checkpoint")
+    )
+    steps = integer("steps", default.steps, minimum=1)
+    batch_size = integer("batchSize", default.batchSize, minimum=1)
+    seed = integer("seed", default.seed, minimum=0)
+    eval_every = integer("evalEverySteps", default.evalEverySteps, minimum=1)
+    log_every = number("logEverySeconds", default.logEverySeconds, minimum=0.1)
+    startup_timeout = number("startupTimeoutSeconds", default.startupTimeoutSeconds, minimum=1.0)
+    # None when refused: the rule that compares the two skips a value already refused.
+    heartbeat = found.check(
+        None, lambda: top.number("heartbeatSeconds", default.heartbeatSeconds, minimum=0.05)
+    )
+    worker_timeout = found.check(
+        None, lambda: top.number("workerTimeoutSeconds", default.workerTimeoutSeconds, minimum=0.5)
+    )
+    export_path = found.check(None, lambda: top.string("exportPath", None))
+    found.check(None, top.done)
+    if heartbeat is not None and worker_timeout is not None and worker_timeout <= heartbeat:
+        found.add(
+            _fail(
+                f"{path}.workerTimeoutSeconds",
+                worker_timeout,
+                f"more than heartbeatSeconds ({heartbeat})",
+            )
+        )
+    training = TrainingConfig(
         model=model,
         dataset=dataset,
         mode=mode,
         replicasToAggregate=replicas,
         maxStaleness=staleness,
-        steps=top.integer("steps", 1000, minimum=1) or 1000,
-        batchSize=top.integer("batchSize", 32, minimum=1) or 32,
-        seed=top.integer("seed", 0, minimum=0) or 0,
+        steps=steps,
+        batchSize=batch_size,
+        seed=seed,
         optimizer=optimizer,
         placement=place,
         checkpoint=checkpoint,
-        evalEverySteps=top.integer("evalEverySteps", 100, minimum=1) or 100,
-        logEverySeconds=top.number("logEverySeconds", 5.0, minimum=0.1),
-        heartbeatSeconds=top.number("heartbeatSeconds", 1.0, minimum=0.05),
-        workerTimeoutSeconds=top.number("workerTimeoutSeconds", 30.0, minimum=0.5),
-        startupTimeoutSeconds=top.number("startupTimeoutSeconds", 300.0, minimum=1.0),
-        exportPath=top.string("exportPath", None),
+        evalEverySteps=eval_every,
+        logEverySeconds=log_every,
+        heartbeatSeconds=heartbeat or default.heartbeatSeconds,
+        workerTimeoutSeconds=worker_timeout or default.workerTimeoutSeconds,
+        startupTimeoutSeconds=startup_timeout,
+        exportPath=export_path,
     )
-    top.done()
-    if config.workerTimeoutSeconds <= config.heartbeatSeconds:
-        raise _fail(
-            f"{path}.workerTimeoutSeconds",
-            config.workerTimeoutSeconds,
-            f"more than heartbeatSeconds ({config.heartbeatSeconds})",
-        )
-    return config
+    return training, found.found
+
+
+def parse(raw: object, *, path: str = "training") -> TrainingConfig:
+    """Validates `raw` (the parsed JSON/YAML object) and applies the defaults. Raises
+    `TrainingConfigError` naming the first problem; its `problems` names them all."""
+    training, found = _check(raw, path)
+    if found:
+        raise TrainingConfigError(found[0], problems=found)
+    return training
+
+
+def problems(raw: object, *, path: str = "training") -> list[str]:
+    """Every independent problem of `raw`, one line each ([] when `parse` accepts it): a
+    misspelt model and a misspelt optimizer are two. A problem that follows from another (the
+    kwargs of a model whose name is wrong) is not listed."""
+    return _check(raw, path)[1]
 
 
 def loads(text: str, *, path: str = "training") -> TrainingConfig:

@@ -5,8 +5,9 @@ and :func:`build_model` / :func:`build_dataset` turn them into objects the train
 Every configuration error raises :class:`ModelError`, whose message names the field (e.g.
 ``model.kwargs.hidden``), the offending value and what is allowed.
 
-Built-in models (:data:`MODELS`) and the dataset each trains on by default
-(:data:`DEFAULT_DATASET`):
+Built-in models (``catalog.MODELS``) and the dataset each trains on by default
+(``catalog.DEFAULT_DATASET``); their keyword arguments, defaults and checks are in ``catalog``
+(standard library only, so the operator checks them too):
 
 * ``linear`` (``features``) on ``synthetic`` (``features``, ``examples``, ``testExamples``):
   least-squares regression; metrics ``loss``.
@@ -48,7 +49,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import re
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
@@ -58,22 +58,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxps_runtime import catalog
+
 Params = Any
 """A pytree (nested dict) of jax arrays."""
 Batch = dict[str, np.ndarray]
 """Named arrays with the same number of rows."""
 
-MODELS: tuple[str, ...] = ("linear", "mlp", "embedding")
-DATASETS: tuple[str, ...] = ("synthetic", "digits", "sparse")
-DEFAULT_DATASET: dict[str, str] = {"linear": "synthetic", "mlp": "digits", "embedding": "sparse"}
-
-_MODULE_FORM = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _ZIPF_EXPONENT = 1.2
 
-
-class ModelError(ValueError):
-    """Bad model or dataset configuration; the message names the field, the value and what is
-    allowed."""
+ModelError = catalog.ModelError
+"""Bad model or dataset configuration; the message names the field, the value and what is
+allowed."""
 
 
 @runtime_checkable
@@ -103,40 +99,6 @@ class Dataset(Protocol):
 
 
 # --- configuration checks ---------------------------------------------------------------------
-
-
-def _options(
-    where: str, given: Mapping[str, Any] | None, *, defaults: Mapping[str, Any]
-) -> dict[str, Any]:
-    """`defaults` overridden by `given`; refuses keys `defaults` lacks."""
-    if given is None:
-        return dict(defaults)
-    if not isinstance(given, Mapping):
-        raise ModelError(f"{where}: expected an object of keyword arguments, got {given!r}")
-    for key in given:
-        if key not in defaults:
-            raise ModelError(
-                f"{where}.{key}: unknown argument {key!r}; allowed: {', '.join(defaults)}"
-            )
-    return {**defaults, **given}
-
-
-def _count(where: str, value: object, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ModelError(f"{where}: expected an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _widths(where: str, value: object) -> tuple[int, ...]:
-    if not isinstance(value, list | tuple):
-        raise ModelError(f"{where}: expected a list of layer widths (integers >= 1), got {value!r}")
-    return tuple(_count(f"{where}[{i}]", width) for i, width in enumerate(value))
-
-
-def _fraction(where: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
-        raise ModelError(f"{where}: expected a number strictly between 0 and 1, got {value!r}")
-    return float(value)
 
 
 def _check_columns(where: str, batch: Mapping[str, jax.Array], *, key: str, expected: int) -> None:
@@ -403,17 +365,6 @@ class SparseDataset(ArrayDataset):
 
 # --- building by name -------------------------------------------------------------------------
 
-_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "linear": {"features": 16},
-    "mlp": {"hidden": [64], "inputs": 64, "classes": 10},
-    "embedding": {"rows": 200_000, "dim": 16, "idsPerExample": 4},
-}
-_DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
-    "synthetic": {"features": 16, "examples": 4096, "testExamples": 1024},
-    "digits": {"testFraction": 0.2},
-    "sparse": {"idRange": 150_000, "idsPerExample": 4, "examples": 100_000, "testExamples": 5000},
-}
-
 
 def build_model(
     *, name: str, module: str | None = None, kwargs: Mapping[str, Any] | None = None
@@ -422,51 +373,32 @@ def build_model(
     ``module = "package.module:factory"`` (then `name` is only a label)."""
     if module is not None:
         return _user_model(module, kwargs)
-    if not isinstance(name, str) or name not in _MODEL_DEFAULTS:
-        raise ModelError(
-            f"model.name: {name!r} is not a built-in model; allowed: {', '.join(MODELS)} "
-            "(or set model.module to 'package.module:factory' for your own)"
-        )
-    opts = _options("model.kwargs", kwargs, defaults=_MODEL_DEFAULTS[name])
+    opts = catalog.check_model(name, kwargs)
     if name == "linear":
-        return LinearModel(features=_count("model.kwargs.features", opts["features"]))
+        return LinearModel(features=opts["features"])
     if name == "mlp":
-        return MlpModel(
-            hidden=_widths("model.kwargs.hidden", opts["hidden"]),
-            inputs=_count("model.kwargs.inputs", opts["inputs"]),
-            classes=_count("model.kwargs.classes", opts["classes"], minimum=2),
-        )
-    return EmbeddingModel(
-        rows=_count("model.kwargs.rows", opts["rows"]),
-        dim=_count("model.kwargs.dim", opts["dim"]),
-        ids_per_example=_count("model.kwargs.idsPerExample", opts["idsPerExample"]),
-    )
+        return MlpModel(hidden=opts["hidden"], inputs=opts["inputs"], classes=opts["classes"])
+    return EmbeddingModel(rows=opts["rows"], dim=opts["dim"], ids_per_example=opts["idsPerExample"])
 
 
 def build_dataset(*, name: str, kwargs: Mapping[str, Any] | None = None, seed: int = 0) -> Dataset:
     """The built-in dataset `name`; its split, generated values and batch order follow `seed`."""
-    if not isinstance(name, str) or name not in _DATASET_DEFAULTS:
-        raise ModelError(
-            f"dataset.name: {name!r} is not a built-in dataset; allowed: {', '.join(DATASETS)}"
-        )
-    seed = _count("seed", seed, minimum=0)
-    opts = _options("dataset.kwargs", kwargs, defaults=_DATASET_DEFAULTS[name])
+    opts = catalog.check_dataset(name, kwargs)
+    seed = catalog.count("seed", seed, minimum=0)
     if name == "synthetic":
         return SyntheticDataset(
-            features=_count("dataset.kwargs.features", opts["features"]),
-            examples=_count("dataset.kwargs.examples", opts["examples"]),
-            test_examples=_count("dataset.kwargs.testExamples", opts["testExamples"]),
+            features=opts["features"],
+            examples=opts["examples"],
+            test_examples=opts["testExamples"],
             seed=seed,
         )
     if name == "digits":
-        return DigitsDataset(
-            test_fraction=_fraction("dataset.kwargs.testFraction", opts["testFraction"]), seed=seed
-        )
+        return DigitsDataset(test_fraction=opts["testFraction"], seed=seed)
     return SparseDataset(
-        id_range=_count("dataset.kwargs.idRange", opts["idRange"]),
-        ids_per_example=_count("dataset.kwargs.idsPerExample", opts["idsPerExample"]),
-        examples=_count("dataset.kwargs.examples", opts["examples"]),
-        test_examples=_count("dataset.kwargs.testExamples", opts["testExamples"]),
+        id_range=opts["idRange"],
+        ids_per_example=opts["idsPerExample"],
+        examples=opts["examples"],
+        test_examples=opts["testExamples"],
         seed=seed,
     )
 
@@ -474,9 +406,7 @@ def build_dataset(*, name: str, kwargs: Mapping[str, Any] | None = None, seed: i
 def _user_model(module: str, kwargs: Mapping[str, Any] | None) -> Model:
     where = "model.module"
     expected = "expected 'package.module:factory', importable from PYTHONPATH"
-    if not isinstance(module, str) or not _MODULE_FORM.match(module):
-        raise ModelError(f"{where}: {module!r} is malformed; {expected}")
-    module_name, factory_path = module.split(":")
+    module_name, factory_path = catalog.check_module(module, where=where)
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as err:

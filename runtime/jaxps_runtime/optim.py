@@ -1,8 +1,9 @@
 """Optimizers for ps shards: any optax optimizer by name and keyword arguments.
 
-Each shard has its own optax state, so element-wise optimizers (sgd, momentum, adagrad, adam,
-rmsprop, ...) give exactly what they give on the whole tree. Optimizers that couple leaves
-(clip_by_global_norm, lamb, lars) see one shard at a time; clip gradients on the worker instead.
+A job names its optimizer in `config.OptimizerConfig`, checked against the optax functions with
+a `learning_rate` (`catalog.optimizers()`); `build` makes it. Each shard has its own optax
+state, so element-wise optimizers (sgd, momentum, adagrad, adam, rmsprop, ...) give exactly what
+they give on the whole tree. Optimizers that couple leaves (lamb, lars) see one shard at a time.
 
 `Applier` jits the update once per shard shape. Its functions are pure and thread-safe; callers
 serialise read-modify-write of one shard's (value, state) themselves.
@@ -11,74 +12,30 @@ serialise read-modify-write of one shard's (value, state) themselves.
 from __future__ import annotations
 
 import inspect
-import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import numpy as np
 import optax
 
+from jaxps_runtime import catalog
+from jaxps_runtime.config import OptimizerConfig
 
-class OptimizerError(ValueError):
-    """The optimizer configuration names no optax optimizer or passes it bad arguments."""
-
-
-def _public_optimizers() -> list[str]:
-    names = []
-    for name in dir(optax):
-        obj = getattr(optax, name)
-        if name.startswith("_") or not inspect.isfunction(obj):
-            continue
-        params = inspect.signature(obj).parameters
-        if "learning_rate" in params:
-            names.append(name)
-    return sorted(names)
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    """An optax optimizer by function name, with its keyword arguments (JSON values)."""
-
-    name: str
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_json(cls, text: str, *, where: str = "optimizer") -> OptimizerConfig:
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise OptimizerError(f"{where}: not JSON ({err})") from err
-        return cls.from_dict(raw, where=where)
-
-    @classmethod
-    def from_dict(cls, raw: object, *, where: str = "optimizer") -> OptimizerConfig:
-        if not isinstance(raw, dict):
-            raise OptimizerError(f"{where}: expected an object {{name, kwargs}}, got {raw!r}")
-        unknown = sorted(set(raw) - {"name", "kwargs"})
-        if unknown:
-            raise OptimizerError(f"{where}: unknown key {unknown[0]!r}; allowed: name, kwargs")
-        name, kwargs = raw.get("name"), raw.get("kwargs", {})
-        if not isinstance(name, str) or not name:
-            raise OptimizerError(f"{where}.name: expected an optax function name, got {name!r}")
-        if not isinstance(kwargs, dict):
-            raise OptimizerError(f"{where}.kwargs: expected an object, got {kwargs!r}")
-        config = cls(name=name, kwargs=dict(kwargs))
-        build(config, where=where)  # validate now, at the edge
-        return config
-
-    def to_json(self) -> str:
-        return json.dumps({"name": self.name, "kwargs": dict(self.kwargs)}, sort_keys=True)
+OptimizerError = catalog.OptimizerError
+"""The optimizer configuration names no optax optimizer or passes it bad arguments."""
 
 
 def build(config: OptimizerConfig, *, where: str = "optimizer") -> optax.GradientTransformation:
-    """The optax transformation `config` names; errors name the field and what is allowed."""
+    """The optax transformation `config` names; errors name the field and what is allowed.
+
+    The check at task start and at a ps's Init that only optax can make: `OptimizerConfig`
+    checked the name and the argument names against the catalog's table, this binds and calls
+    the installed optax (values of the wrong type or out of range)."""
     fn = getattr(optax, config.name, None)
     if config.name.startswith("_") or not inspect.isfunction(fn):
         raise OptimizerError(
             f"{where}.name: {config.name!r} is not an optax optimizer; "
-            f"allowed: {', '.join(_public_optimizers())}"
+            f"allowed: {', '.join(catalog.optimizers())}"
         )
     sig = inspect.signature(fn)
     for key in config.kwargs:

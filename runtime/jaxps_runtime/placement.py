@@ -9,6 +9,8 @@ shapes, whatever order it built them in, so workers, the chief and the ps agree 
    `np.array_split`; a split leaf never has two parts on the same ps.
 3. Shards go to ps tasks greedily by bytes (largest first, each to the least loaded ps, as
    TensorFlow's GreedyLoadBalancingStrategy with byte_size_load_fn) or round-robin by name.
+   The strategies' names and the default `min_shard_bytes` are in `catalog` (no numpy there,
+   so the configuration is checked without it).
 
 A shard of a leaf split along axis 0 is one contiguous byte range of the leaf in C order, which
 lets the client stream it without copying and pull it straight into the leaf's buffer.
@@ -24,10 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
-GREEDY = "greedy"
-ROUND_ROBIN = "roundRobin"
-STRATEGIES = (GREEDY, ROUND_ROBIN)
-DEFAULT_MIN_SHARD_BYTES = 256 << 10
+from jaxps_runtime import catalog
 
 
 class PlacementError(ValueError):
@@ -155,14 +154,16 @@ def plan(
     variables: Sequence[Variable],
     *,
     num_ps: int,
-    strategy: str = GREEDY,
-    min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES,
+    strategy: str = catalog.GREEDY,
+    min_shard_bytes: int = catalog.DEFAULT_MIN_SHARD_BYTES,
 ) -> Placement:
     """Splits and places `variables` (in any order) over `num_ps` ps tasks."""
     if num_ps < 1:
         raise PlacementError(f"num_ps: got {num_ps}; expected at least 1 ps task")
-    if strategy not in STRATEGIES:
-        raise PlacementError(f"strategy: got {strategy!r}; allowed: {', '.join(STRATEGIES)}")
+    if strategy not in catalog.STRATEGIES:
+        raise PlacementError(
+            f"strategy: got {strategy!r}; allowed: {', '.join(catalog.STRATEGIES)}"
+        )
     if min_shard_bytes < 1:
         raise PlacementError(f"minShardBytes: got {min_shard_bytes}; expected a positive size")
     ordered = sorted(variables)
@@ -183,7 +184,7 @@ def plan(
             start = stop
 
     assignment: dict[tuple[str, int], int] = {}
-    if strategy == ROUND_ROBIN:
+    if strategy == catalog.ROUND_ROBIN:
         for i, (var, k, _, _) in enumerate(parts):
             assignment[(var.name, k)] = i % num_ps
     else:

@@ -21,6 +21,7 @@ import numpy as np
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime import codec, optim, rpc, shardfile, streams
+from jaxps_runtime.config import OptimizerConfig
 from jaxps_runtime.shards import STATE_NAMES, Held, Mode, ParameterStore, PsError, PushResult
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,8 @@ class ParameterServicer:
             for i, t in enumerate(request.tensors)
         ]
         try:
-            optimizer = optim.OptimizerConfig.from_json(request.optimizer, where="Init.optimizer")
+            optimizer = OptimizerConfig.from_json(request.optimizer, where="Init.optimizer")
+            optim.build(optimizer, where="Init.optimizer")
         except optim.OptimizerError as err:
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from err
         if request.mode == ps_pb2.TRAINING_MODE_UNSPECIFIED:

@@ -1,23 +1,27 @@
 """Which code runs a task: ps, worker, chief (or worker 0 without a chief), evaluator.
 
-Exit codes: 0 done, 1 failed, 2 bad input (the training configuration or the model's), and
-128 + N when signal N stopped a worker, chief or evaluator (`stopping`): it did not finish.
+Exit codes: 0 done, 1 failed, 78 (`config.EXIT_INVALID_TRAINING`) when a worker, chief or
+evaluator finds its training configuration invalid at start (JAXPS_TRAINING unset or refused, a
+user model that does not import or build, optimizer arguments optax refuses; the problems, one
+a line, also go to the termination log: `termination`), and 128 + N when signal N stopped a
+worker, chief or evaluator (`stopping`): it did not finish.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from jaxps_runtime import checkpoint, cluster, config, models, server, stopping
+from jaxps_runtime import checkpoint, cluster, config, models, optim, server, stopping, termination
 from jaxps_runtime.metrics import Metrics
 
 if TYPE_CHECKING:
     from jaxps_runtime.task import Task
 
 log = logging.getLogger(__name__)
-EXIT_FAILED, EXIT_USAGE = 1, 2
+EXIT_FAILED = 1
 
 
 def _training(*, file: Path | None, env: str | None) -> config.TrainingConfig:
@@ -57,12 +61,13 @@ def run(
     try:
         try:
             training = _training(file=training_file, env=training_env)
-            state = Task(spec=spec, training=training, job_id=job_id, metrics=metrics, stop=stop)
-            state.model  # noqa: B018 - build the model and the data now: errors surface at start
-            state.dataset  # noqa: B018
-        except (config.TrainingConfigError, models.ModelError) as err:
-            log.error("%s", err)
-            return EXIT_USAGE
+        except config.TrainingConfigError as err:
+            return _invalid_training(err.problems)
+        state = Task(spec=spec, training=training, job_id=job_id, metrics=metrics, stop=stop)
+        where = "training" if training_file is not None else "JAXPS_TRAINING"
+        problems = _start_problems(state, where=where)
+        if problems:
+            return _invalid_training(problems)
         if metrics_port:
             metrics.serve(metrics_port)
         return _play(state, bind=bind)
@@ -71,6 +76,30 @@ def run(
         return stop.exit_code
     finally:
         metrics.close()
+
+
+def _start_problems(state: Task, *, where: str) -> list[str]:
+    """What only JAX can find wrong with the configuration, found now rather than mid-job:
+    optax's verdict on the optimizer's arguments, the user model's import and factory, the
+    model's and the dataset's construction. Independent checks, all made."""
+    found: list[str] = []
+    try:
+        optim.build(state.training.optimizer, where=f"{where}.optimizer")
+    except optim.OptimizerError as err:
+        found.append(str(err))
+    for build in (lambda: state.model, lambda: state.dataset):
+        try:
+            build()
+        except models.ModelError as err:
+            found.append(str(err))
+    return found
+
+
+def _invalid_training(problems: Sequence[str]) -> int:
+    for problem in problems:
+        log.error("%s", problem)
+    termination.write(problems)
+    return config.EXIT_INVALID_TRAINING
 
 
 def _play(state: Task, *, bind: str | None) -> int:

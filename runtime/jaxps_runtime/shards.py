@@ -34,6 +34,7 @@ import numpy as np
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime import optim, rpc
+from jaxps_runtime.config import OptimizerConfig
 from jaxps_runtime.streams import Spec
 
 STATE_NAMES = {v: k for k, v in ps_pb2.PsState.items()}
@@ -141,7 +142,7 @@ class ParameterStore:
         self._epoch = 0
         self._step = 0
         self._tensors: dict[str, Held] = {}
-        self._optimizer: optim.OptimizerConfig | None = None
+        self._optimizer: OptimizerConfig | None = None
         self._applier: optim.Applier | None = None
         self._appliers: dict[str, optim.Applier] = {}  # by optimizer JSON: re-init reuses jits
         # push_id -> shards it updated; `_finished` holds the ids whose push has counted a step.
@@ -250,7 +251,7 @@ class ParameterStore:
         *,
         epoch: int,
         specs: Sequence[Spec],
-        optimizer: optim.OptimizerConfig,
+        optimizer: OptimizerConfig,
         step: int,
         mode: Mode | None = None,
         workers: Sequence[str] = (),

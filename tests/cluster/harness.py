@@ -334,8 +334,10 @@ class Jobs:
         exit_code: int | None = None,
         ready: bool = True,
         pod_ip: str | None = None,
+        message: str | None = None,
     ) -> None:
-        """What a kubelet would write: the phase, the container's state, the Ready condition."""
+        """What a kubelet would write: the phase, the container's state (with its termination
+        `message`), the Ready condition."""
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         if phase == "Running":
             state: dict[str, Any] = {"running": {"startedAt": now}}
@@ -347,6 +349,7 @@ class Jobs:
                     "reason": "Completed" if code == 0 else "Error",
                     "startedAt": now,
                     "finishedAt": now,
+                    **({"message": message} if message is not None else {}),
                 }
             }
         else:

@@ -338,3 +338,44 @@ def test_status_progress_is_read_from_the_chiefs_metrics(jobs: Jobs) -> None:
     assert progress["lastCheckpointStep"] == 40
     row = jobs.cluster.kubectl("get", "tj", "-n", jobs.namespace).splitlines()[1].split()
     assert row[4] == "43"  # the STEP column
+    summary = {"event": "done", "step": 50, "loss": 0.2, "eval": {"accuracy": 0.91}}
+    jobs.set_phase("mnist-worker-0", "Succeeded", message=json.dumps(summary) + "\n")
+    jobs.wait_condition("mnist", "Succeeded")
+    wait_for(
+        lambda: (jobs.get("mnist") or {})["status"]["progress"].get("eval") == {"accuracy": 0.91},
+        what="the eval of the chief's termination message in status.progress",
+    )
+    assert (jobs.get("mnist") or {})["status"]["progress"]["step"] == 50
+
+
+def test_a_misspelt_training_fails_at_once_with_no_pod(jobs: Jobs) -> None:
+    manifest = mnist()
+    manifest["spec"]["training"]["model"] = {"name": "resnet"}
+    manifest["spec"]["training"]["optimizer"] = {"name": "sgdd"}
+    jobs.apply(manifest)
+    failed = jobs.wait_condition("mnist", "Failed")
+    assert failed["reason"] == "InvalidTraining"
+    assert "spec.training.model.name" in failed["message"]
+    assert "spec.training.optimizer.name" in failed["message"]
+    assert jobs.pods("mnist") == {}
+    assert (jobs.get("mnist") or {})["status"]["restarts"] == 0
+
+
+def test_a_task_refusing_its_training_fails_the_job_with_no_replacement(jobs: Jobs) -> None:
+    uids_before = running_mnist(jobs)
+    jobs.set_phase(
+        "mnist-worker-1",
+        "Failed",
+        exit_code=78,
+        message="JAXPS_TRAINING.model.module: 'mine:make' cannot be imported",
+    )
+    failed = jobs.wait_condition("mnist", "Failed")
+    assert failed["reason"] == "InvalidTraining"
+    assert "'mine:make' cannot be imported" in failed["message"]
+    status = (jobs.get("mnist") or {})["status"]
+    assert status["restarts"] == 0
+    pods = jobs.pods("mnist")
+    assert pods.get("mnist-worker-1", {}).get("metadata", {}).get("uid") in (
+        None,
+        uids_before["mnist-worker-1"],
+    )  # never replaced

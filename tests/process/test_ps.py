@@ -12,14 +12,14 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from jaxps.v1 import parameter_server_pb2, parameter_server_pb2_grpc, tensor_pb2
-from jaxps_runtime import codec, launch, optim, placement, rpc
+from jaxps_runtime import catalog, codec, config, launch, placement, rpc
 from jaxps_runtime.client import PsClient, PsClientError, PsRestartedError
 from jaxps_runtime.shards import Mode
 
 JOB_ID = "test-job"
 
 pytestmark = pytest.mark.process
-SGD_1 = optim.OptimizerConfig("sgd", {"learning_rate": 1.0})
+SGD_1 = config.OptimizerConfig("sgd", {"learning_rate": 1.0})
 _epochs = itertools.count(1)
 
 
@@ -29,7 +29,7 @@ def _client(
     *,
     task: str = "chief-0",
     job_id: str = JOB_ID,
-    min_shard_bytes: int = placement.DEFAULT_MIN_SHARD_BYTES,
+    min_shard_bytes: int = catalog.DEFAULT_MIN_SHARD_BYTES,
 ) -> PsClient:
     layout = placement.plan(
         placement.variables_of(tree), num_ps=len(ps.addresses), min_shard_bytes=min_shard_bytes
@@ -38,7 +38,7 @@ def _client(
 
 
 def _init(
-    ps: launch.LocalPs, tree: Any, optimizer: optim.OptimizerConfig = SGD_1, **kwargs: Any
+    ps: launch.LocalPs, tree: Any, optimizer: config.OptimizerConfig = SGD_1, **kwargs: Any
 ) -> tuple[PsClient, dict[str, np.ndarray]]:
     client = _client(ps, tree, **kwargs)
     _, named = placement.named_leaves(tree)
@@ -168,7 +168,7 @@ def test_sparse_updates_leave_other_rows_optimizer_state_alone(two_ps: launch.Lo
     client, _ = _init(
         two_ps,
         {"e": table},
-        optim.OptimizerConfig(
+        config.OptimizerConfig(
             "adagrad", {"learning_rate": 1.0, "initial_accumulator_value": 0.0, "eps": 0.0}
         ),
     )
@@ -455,7 +455,7 @@ def test_bad_optimizer_is_refused_naming_the_field(two_ps: launch.LocalPs) -> No
     with pytest.raises(PsClientError) as caught:
         client.init(
             {"['w']": np.zeros(4, np.float32)},
-            optimizer=optim.OptimizerConfig("sgd", {"learning_rat": 0.1}),
+            optimizer=config.OptimizerConfig("sgd", {"learning_rat": 0.1}),
             epoch=99,
         )
     assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT

@@ -194,15 +194,15 @@ def test_a_user_model_from_examples_trains(jobs: list[launch.LocalJob], tmp_path
     assert summary["eval"]["loss"] < initial / 20, (initial, summary)
 
 
-def test_bad_training_configuration_exits_2_naming_the_field(tmp_path: Path) -> None:
+def test_bad_training_configuration_exits_78_naming_the_field(tmp_path: Path) -> None:
     job = launch.LocalJob.start(training={"steps": 0}, log_dir=tmp_path / "logs", ps=0, workers=1)
     codes = job.wait(timeout=120)
     job.stop()
-    assert codes == {"worker-0": 2}
+    assert codes == {"worker-0": config.EXIT_INVALID_TRAINING}
     assert "JAXPS_TRAINING.steps: got 0; expected an integer >= 1" in job.logs()
 
 
-def test_tf1_flags_with_a_bad_training_file_exit_2_naming_the_field(tmp_path: Path) -> None:
+def test_tf1_flags_with_a_bad_training_file_exit_78_naming_the_field(tmp_path: Path) -> None:
     ports = launch.free_ports(2)
     file = tmp_path / "training.yaml"
     file.write_text("model: {name: mlp}\nmode: sideways\n")
@@ -225,7 +225,7 @@ def test_tf1_flags_with_a_bad_training_file_exit_2_naming_the_field(tmp_path: Pa
         timeout=120,
         check=False,
     )
-    assert done.returncode == 2
+    assert done.returncode == config.EXIT_INVALID_TRAINING
     assert 'training.mode: got "sideways"; expected one of sync, async, boundedStaleness' in (
         done.stderr
     )

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from jaxps_runtime import config
+from jaxps_runtime import catalog, config
+
+RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
 
 
 def test_an_empty_configuration_gets_every_default() -> None:
@@ -76,7 +82,41 @@ BAD = [
         {"optimizer": {"name": "adamw", "kwargs": {"lr": 1}}},
         "training.optimizer.kwargs.lr: optax.adamw has no argument 'lr'",
     ),
-    ({"optimizer": {"name": "nope"}}, "training.optimizer.name: 'nope' is not an optax"),
+    (
+        {"optimizer": {"name": "sgdd"}},
+        'training.optimizer.name: got "sgdd"; expected one of adabelief, adadelta, ',
+    ),
+    (
+        {"optimizer": {"name": "sgd", "kwargs": {}}},
+        "training.optimizer.kwargs.learning_rate: missing; optax.sgd requires learning_rate",
+    ),
+    ({"optimizer": {"name": "sgd", "extra": 1}}, "training.optimizer: unknown key 'extra'"),
+    ({"optimizer": {"name": "adam", "kwargs": []}}, "training.optimizer.kwargs: expected an obj"),
+    ({"optimizer": "sgd"}, "training.optimizer: expected an object {name, kwargs}"),
+    (
+        {"model": {"name": "mlp", "kwargs": {"hiden": [8]}}},
+        "training.model.kwargs.hiden: unknown argument 'hiden'; allowed: hidden, inputs, classes",
+    ),
+    (
+        {"model": {"name": "mlp", "kwargs": {"hidden": [64, 0]}}},
+        "training.model.kwargs.hidden[1]: expected an integer >= 1, got 0",
+    ),
+    (
+        {"model": {"name": "embedding", "kwargs": {"rows": True}}},
+        "training.model.kwargs.rows: expected an integer >= 1, got True",
+    ),
+    (
+        {"dataset": {"name": "digits", "kwargs": {"testFraction": 1.5}}},
+        "training.dataset.kwargs.testFraction: expected a number strictly between 0 and 1",
+    ),
+    (
+        {"model": {"name": "linear"}, "dataset": {"kwargs": {"testFraction": 0.1}}},
+        "training.dataset.kwargs.testFraction: unknown argument 'testFraction'; allowed: features",
+    ),
+    (
+        {"model": {"name": "mine", "module": "mymodels"}},
+        "training.model.module: 'mymodels' is malformed; expected 'package.module:factory'",
+    ),
     (
         {"placement": {"strategy": "random"}},
         'training.placement.strategy: got "random"; expected one of greedy, roundRobin',
@@ -100,6 +140,102 @@ def test_bad_configurations_name_the_field(raw: object, message: str) -> None:
     with pytest.raises(config.TrainingConfigError) as caught:
         config.parse(raw)
     assert message in str(caught.value)
+
+
+def test_a_misspelt_model_and_a_misspelt_optimizer_are_both_named() -> None:
+    raw = {"model": {"name": "resnet"}, "optimizer": {"name": "sgdd"}}
+    found = config.problems(raw)
+    allowed = ", ".join(sorted(catalog.optimizers()))
+    assert found == [
+        'training.model.name: got "resnet"; expected one of linear, mlp, embedding '
+        "(or set model.module)",
+        f'training.optimizer.name: got "sgdd"; expected one of {allowed}',
+    ]
+    with pytest.raises(config.TrainingConfigError) as caught:
+        config.parse(raw)
+    assert str(caught.value) == found[0]  # parse names the first
+    assert caught.value.problems == tuple(found)
+
+
+def test_problems_lists_every_independent_section() -> None:
+    raw = {
+        "model": {"name": "mlp", "kwargs": {"hidden": "64"}},
+        "dataset": {"name": "imagenet"},
+        "mode": "async",
+        "replicasToAggregate": 2,
+        "optimizer": {"name": "adam", "kwargs": {"lr": 0.1}},
+        "steps": 0,
+        "heartbeatSeconds": 5,
+        "workerTimeoutSeconds": 2,
+        "stepz": 1,
+    }
+    fields = [problem.split(":")[0] for problem in config.problems(raw)]
+    assert fields == [
+        "training.model.kwargs.hidden",
+        "training.dataset.name",
+        "training.replicasToAggregate",
+        "training.optimizer.kwargs.lr",
+        "training.steps",
+        "training.stepz",
+        "training.workerTimeoutSeconds",
+    ]
+
+
+def test_a_refused_value_is_not_compared_with_another_field() -> None:
+    raw = {"heartbeatSeconds": "often", "workerTimeoutSeconds": 0.1}
+    assert config.problems(raw) == [
+        'training.heartbeatSeconds: got "often"; expected a number >= 0.05',
+        "training.workerTimeoutSeconds: got 0.1; expected a number >= 0.5",
+    ]
+
+
+def test_a_valid_configuration_has_no_problems() -> None:
+    assert config.problems({"model": {"name": "linear"}, "optimizer": {"name": "adadelta"}}) == []
+
+
+def test_a_user_model_is_checked_for_its_form_only_not_imported() -> None:
+    raw = {"model": {"name": "mine", "module": "no_such_pkg.models:make", "kwargs": {"x": 1}}}
+    training = config.parse(raw)
+    assert training.model.module == "no_such_pkg.models:make"
+    assert training.dataset.name == "synthetic"  # a user model's default dataset
+    assert "no_such_pkg" not in sys.modules
+
+
+def test_optimizer_config_round_trips_through_json() -> None:
+    optimizer = config.OptimizerConfig.from_dict(
+        {"name": "adagrad", "kwargs": {"learning_rate": 0.1}}
+    )
+    assert config.OptimizerConfig.from_json(optimizer.to_json()) == optimizer
+
+
+def test_the_configuration_is_parsed_without_jax_optax_or_numpy() -> None:
+    """What the operator's image (no JAX, optax or numpy) does with a whole manifest."""
+    raw = {
+        "model": {"name": "embedding", "kwargs": {"rows": 1000, "dim": 8}},
+        "dataset": {"name": "sparse", "kwargs": {"idRange": 500}},
+        "mode": "sync",
+        "replicasToAggregate": 2,
+        "optimizer": {"name": "adam", "kwargs": {"learning_rate": 0.01, "b1": 0.8}},
+        "placement": {"strategy": "roundRobin", "minShardBytes": 1024},
+        "checkpoint": {"dir": "/ckpt", "everySeconds": 30, "keep": 2},
+    }
+    script = (
+        "import json, sys\n"
+        "from jaxps_runtime import config\n"
+        f"config.parse(json.loads({json.dumps(json.dumps(raw))}))\n"
+        "assert config.problems({'model': {'name': 'resnet'}})\n"
+        "print(sorted(m for m in ('jax', 'optax', 'numpy') if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(RUNTIME)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_text_that_is_not_yaml_is_refused() -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxps_runtime import models
+from jaxps_runtime import catalog, models
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "user_model"
 SMALL_SPARSE = {"examples": 2000, "testExamples": 200}
@@ -33,7 +33,7 @@ def user_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]
 
 def _dataset_for(model: str) -> models.Dataset:
     kwargs = SMALL_SPARSE if model == "embedding" else None
-    return models.build_dataset(name=models.DEFAULT_DATASET[model], kwargs=kwargs, seed=3)
+    return models.build_dataset(name=catalog.DEFAULT_DATASET[model], kwargs=kwargs, seed=3)
 
 
 def _equal_trees(a: Any, b: Any) -> bool:
@@ -69,7 +69,7 @@ def _train(
     return params, history
 
 
-@pytest.mark.parametrize("name", models.MODELS)
+@pytest.mark.parametrize("name", catalog.MODELS)
 def test_init_is_deterministic_for_a_key(name: str) -> None:
     model = models.build_model(name=name)
     first = model.init(jax.random.key(7))
@@ -77,7 +77,7 @@ def test_init_is_deterministic_for_a_key(name: str) -> None:
     assert not _equal_trees(first, model.init(jax.random.key(8)))
 
 
-@pytest.mark.parametrize("name", models.MODELS)
+@pytest.mark.parametrize("name", catalog.MODELS)
 def test_loss_and_metrics_are_finite_scalars_under_jit(name: str) -> None:
     model = models.build_model(name=name)
     params = model.init(jax.random.key(0))
@@ -93,7 +93,7 @@ def test_loss_and_metrics_are_finite_scalars_under_jit(name: str) -> None:
     assert all(m.shape == () and np.isfinite(m) for m in metrics.values())
 
 
-@pytest.mark.parametrize("name", models.DATASETS)
+@pytest.mark.parametrize("name", catalog.DATASETS)
 def test_train_batches_are_deterministic_and_full(name: str) -> None:
     kwargs = SMALL_SPARSE if name == "sparse" else None
     a = models.build_dataset(name=name, kwargs=kwargs, seed=1)
@@ -300,7 +300,7 @@ def test_example_factory_errors_are_reported_as_model_kwargs() -> None:
 
 
 def test_builtin_models_are_models_and_defaults_cover_them() -> None:
-    assert set(models.DEFAULT_DATASET) == set(models.MODELS)
-    assert set(models.DEFAULT_DATASET.values()) <= set(models.DATASETS)
-    for name in models.MODELS:
+    assert set(catalog.DEFAULT_DATASET) == set(catalog.MODELS)
+    assert set(catalog.DEFAULT_DATASET.values()) <= set(catalog.DATASETS)
+    for name in catalog.MODELS:
         assert isinstance(models.build_model(name=name), models.Model)

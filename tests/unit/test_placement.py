@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jaxps_runtime import placement
+from jaxps_runtime import catalog, placement
 from jaxps_runtime.placement import Variable
 
 
@@ -25,7 +25,7 @@ def _many_leaves(seed: int = 0) -> list[Variable]:
     return out
 
 
-@pytest.mark.parametrize("strategy", placement.STRATEGIES)
+@pytest.mark.parametrize("strategy", catalog.STRATEGIES)
 @pytest.mark.parametrize("num_ps", [1, 2, 3, 5])
 def test_placement_does_not_depend_on_the_order_leaves_come_in(strategy: str, num_ps: int) -> None:
     leaves = _many_leaves()
@@ -48,7 +48,7 @@ def test_greedy_placement_balances_bytes_over_ps_tasks(num_ps: int) -> None:
 
 def test_round_robin_places_shards_in_name_order() -> None:
     leaves = [Variable(n, (4,), "float32") for n in "dcba"]
-    result = placement.plan(leaves, num_ps=3, strategy=placement.ROUND_ROBIN)
+    result = placement.plan(leaves, num_ps=3, strategy=catalog.ROUND_ROBIN)
     assert [(s.variable.name, s.ps) for s in result.shards] == [
         ("a", 0),
         ("b", 1),

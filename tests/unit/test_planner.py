@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from jaxps_operator import planner, schema
+from jaxps_operator import builders, planner, schema
 from jaxps_operator.planner import PodState
 from jaxps_runtime import cluster
 
@@ -55,13 +55,13 @@ def pods(
 ) -> list[PodState]:
     """Every pod of the job in `phase`; overrides: name=(phase, exit code)."""
     out = []
-    for role, count in planner.replicas(j).items():
+    for role, count in builders.replicas(j).items():
         for index in range(count):
             name = f"{role}{index}"
             ph, code = overrides.get(name, (phase, None))
             out.append(
                 PodState(
-                    name=planner.pod_name(j, role, index),
+                    name=builders.pod_name(j, role, index),
                     role=role,
                     index=index,
                     phase=ph,
@@ -80,6 +80,7 @@ def step(
     j: dict[str, Any], observed: list[PodState], now: datetime = NOW, **kw: Any
 ) -> planner.Plan:
     """Plans, and carries the status over as a backend would."""
+    kw.setdefault("network", builders.dns_network(j))
     result = planner.plan(j, observed, now, **kw)
     j["status"] = result.status
     return result
@@ -105,9 +106,9 @@ def test_pods_carry_names_labels_owner_port_and_tf_config_of_dns_names() -> None
     created = {c["metadata"]["name"]: c for c in step(j, []).create if c["kind"] == "Pod"}
     p = created["tj-ps-1"]
     assert p["metadata"]["labels"] == {
-        planner.LABEL_JOB: "tj",
-        planner.LABEL_ROLE: "ps",
-        planner.LABEL_INDEX: "1",
+        builders.LABEL_JOB: "tj",
+        builders.LABEL_ROLE: "ps",
+        builders.LABEL_INDEX: "1",
     }
     assert p["metadata"]["ownerReferences"][0]["uid"] == "u-1"
     assert (p["spec"]["hostname"], p["spec"]["subdomain"]) == ("tj-ps-1", "tj")
@@ -303,7 +304,9 @@ def test_a_finished_job_creates_nothing_and_planning_again_changes_nothing() -> 
     j = job()
     step(j, pods(j))
     first = step(j, pods(j, worker0=("Succeeded", 0)))
-    again = planner.plan(j, [p for p in pods(j) if p.name == "tj-worker-0"], NOW)
+    again = planner.plan(
+        j, [p for p in pods(j) if p.name == "tj-worker-0"], NOW, network=builders.dns_network(j)
+    )
     assert again.create == []
     assert again.status["conditions"] == first.status["conditions"]
     assert again.status["state"] == "Succeeded"
@@ -314,7 +317,100 @@ def test_pods_run_the_operators_runtime_image_unless_their_template_names_one() 
     j["spec"]["replicaSpecs"]["ps"]["template"] = {
         "spec": {"containers": [{"name": "jaxps", "image": "mine/ps:1"}]}
     }
-    result = planner.plan(j, [], NOW, service_exists=True, image="localhost/jaxps/runtime:0.1.0-x")
+    result = step(j, [], service_exists=True, image="localhost/jaxps/runtime:0.1.0-x")
     images = {p["metadata"]["name"]: p["spec"]["containers"][0]["image"] for p in result.create}
     assert images == {"tj-ps-0": "mine/ps:1", "tj-worker-0": "localhost/jaxps/runtime:0.1.0-x"}
-    assert not planner.DEFAULT_IMAGE.endswith(":latest")  # :latest would pull on every start
+    assert not builders.DEFAULT_IMAGE.endswith(":latest")  # :latest would pull on every start
+
+
+def test_a_misspelt_training_fails_the_job_before_any_pod_naming_every_field() -> None:
+    j = job()
+    j["spec"]["training"] = {
+        "steps": 10,
+        "model": {"name": "resnet"},
+        "optimizer": {"name": "sgdd"},
+    }
+    result = step(j, [], service_exists=False)
+    assert result.create == []
+    failed = cond(result.status, "Failed")
+    assert failed is not None
+    assert failed["reason"] == "InvalidTraining"
+    assert "spec.training.model.name" in failed["message"]
+    assert '"resnet"' in failed["message"]
+    assert "spec.training.optimizer.name" in failed["message"]
+    assert '"sgdd"' in failed["message"]
+    assert result.status["restarts"] == 0
+
+
+@pytest.mark.parametrize("policy", ["OnFailure", "Always", "ExitCode"])
+def test_a_task_that_refuses_its_training_fails_the_job_at_once_whatever_the_policy(
+    policy: str,
+) -> None:
+    j = job(policy=policy)
+    step(j, pods(j))
+    refused = [
+        p
+        if p.name != "tj-worker-1"
+        else PodState(
+            p.name,
+            p.role,
+            p.index,
+            "Failed",
+            exit_code=78,
+            message="JAXPS_TRAINING.optimizer.kwargs: optax.sgd refused them",
+        )
+        for p in pods(j)
+    ]
+    result = step(j, refused)
+    failed = cond(result.status, "Failed")
+    assert failed is not None
+    assert failed["reason"] == "InvalidTraining"
+    assert "worker 1 (pod tj-worker-1)" in failed["message"]
+    assert "optax.sgd refused them" in failed["message"]
+    assert result.status["restarts"] == 0
+    assert result.replaced == []
+    assert "tj-worker-1" not in result.delete  # it is not replaced; the others are cleaned up
+
+
+def test_a_templates_own_jaxps_variables_are_kept_and_reserved_ones_replaced() -> None:
+    j = job(ps=1, workers=1)
+    j["spec"]["replicaSpecs"]["worker"]["template"] = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "jaxps",
+                    "env": [
+                        {"name": "JAXPS_LOG_LEVEL", "value": "DEBUG"},
+                        {"name": "JAXPS_BIND_ADDRESS", "value": "0.0.0.0:2222"},
+                        {"name": "TF_CONFIG", "value": "{}"},
+                        {"name": "MINE", "value": "1"},
+                    ],
+                }
+            ]
+        }
+    }
+    created = {c["metadata"]["name"]: c for c in step(j, []).create}
+    env = created["tj-worker-0"]["spec"]["containers"][0]["env"]
+    names = [e["name"] for e in env]
+    assert names.count("TF_CONFIG") == 1
+    values = {e["name"]: e["value"] for e in env}
+    assert values["JAXPS_LOG_LEVEL"] == "DEBUG"
+    assert values["JAXPS_BIND_ADDRESS"] == "0.0.0.0:2222"
+    assert values["MINE"] == "1"
+    assert cluster.parse_tf_config(values["TF_CONFIG"]).task == cluster.TaskSpec("worker", 0)
+
+
+def test_pods_name_the_addresses_and_metrics_ports_the_network_gives() -> None:
+    j = job(ps=1, workers=2)
+    network = builders.Network(
+        addresses={"ps": ["127.0.0.1:4001"], "worker": ["127.0.0.1:4002", "127.0.0.1:4003"]},
+        metrics_ports={"tj-worker-1": 5003},
+    )
+    created = {c["metadata"]["name"]: c for c in step(j, [], network=network).create}
+    main = created["tj-worker-1"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in main["env"]}
+    tf = cluster.parse_tf_config(env["TF_CONFIG"])
+    assert tf.cluster.addresses("worker") == ("127.0.0.1:4002", "127.0.0.1:4003")
+    assert env["JAXPS_METRICS_PORT"] == "5003"
+    assert {"name": "grpc", "containerPort": 4003} in main["ports"]
+    assert {"name": "metrics", "containerPort": 5003} in main["ports"]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from jaxps_operator import controller, progress
+from jaxps_operator import kube, progress
+from jaxps_operator.objects import PodState
 
 DONE = {
     "event": "done",
@@ -15,17 +15,16 @@ DONE = {
     "stepsPerSecond": 120.5,
     "lastCheckpointStep": 600,
 }
+METRICS = {
+    "jaxps_global_step": 42.0,
+    "jaxps_loss": 0.5,
+    "jaxps_steps_per_second": 10.123,
+    "jaxps_last_checkpoint_step": 40.0,
+}
 
 
-def chief_pod(phase: str, message: str | None = None) -> dict[str, Any]:
-    state = {"terminated": {"exitCode": 0, "message": message}} if message else {"running": {}}
-    return {
-        "metadata": {"name": "mnist-worker-0"},
-        "spec": {
-            "containers": [{"name": "jaxps", "ports": [{"name": "metrics", "containerPort": 1}]}]
-        },
-        "status": {"phase": phase, "containerStatuses": [{"state": state}]},
-    }
+def chief(phase: str, message: str = "") -> PodState:
+    return PodState("mnist-worker-0", "worker", 0, phase, exit_code=0, message=message)
 
 
 def test_the_summary_is_the_last_done_line_of_a_log() -> None:
@@ -50,13 +49,50 @@ def test_the_final_summary_completes_the_progress_and_drops_missing_evals() -> N
     }
 
 
-def test_a_succeeded_chief_gives_its_termination_message_as_the_final_progress() -> None:
-    pod = chief_pod("Succeeded", json.dumps(DONE) + "\n")
-    out = controller.Reconciler._progress(pod, {"step": 590})
+def test_a_running_chief_gives_its_metrics() -> None:
+    out = progress.update({}, chief("Running"), METRICS)
+    assert out == {"step": 42, "loss": 0.5, "stepsPerSecond": 10.12, "lastCheckpointStep": 40}
+
+
+def test_an_ended_chief_gives_its_termination_message_as_the_final_progress() -> None:
+    out = progress.update({"step": 590}, chief("Succeeded", json.dumps(DONE) + "\n"), {})
     assert out["step"] == 600
     assert out["eval"] == {"accuracy": 0.97}
 
 
 def test_a_failed_or_pending_chief_leaves_the_progress_as_it_was() -> None:
     for phase in ("Failed", "Pending"):
-        assert controller.Reconciler._progress(chief_pod(phase), {"step": 7}) == {"step": 7}
+        assert progress.update({"step": 7}, chief(phase), {}) == {"step": 7}
+
+
+def test_a_kubernetes_chief_pod_yields_its_termination_message_and_metrics_address() -> None:
+    pod = {
+        "metadata": {
+            "name": "mnist-worker-0",
+            "labels": {"jaxps.dev/replica-type": "worker", "jaxps.dev/replica-index": "0"},
+            "ownerReferences": [{"uid": "u"}],
+        },
+        "spec": {
+            "containers": [{"name": "jaxps", "ports": [{"name": "metrics", "containerPort": 9191}]}]
+        },
+        "status": {
+            "phase": "Succeeded",
+            "containerStatuses": [
+                {
+                    "name": "jaxps",
+                    "state": {"terminated": {"exitCode": 0, "message": json.dumps(DONE)}},
+                }
+            ],
+        },
+    }
+    state = kube.pod_state(pod, "u")
+    assert state is not None
+    assert progress.update({}, state, {})["eval"] == {"accuracy": 0.97}
+    running = {**pod, "status": {"phase": "Running", "podIP": "10.88.0.7"}}
+    assert kube.pod_state(running, "u").metrics == "10.88.0.7:9191"  # type: ignore[union-attr]
+
+
+def test_no_loss_is_reported_before_the_first_step() -> None:
+    out = progress.update({}, chief("Running"), {"jaxps_global_step": 0.0, "jaxps_loss": 0.0})
+    assert "loss" not in out
+    assert out["step"] == 0

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from jaxps_operator.controller import WorkQueue, pod_state
+from jaxps_operator.controller import WorkQueue
+from jaxps_operator.kube import pod_state
 
 
 def test_a_key_added_twice_is_queued_once() -> None:

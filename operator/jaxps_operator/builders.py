@@ -1,0 +1,208 @@
+"""The children of a TrainingJob, built from the job and what the cluster gives it.
+
+    service(job)                                        -> the headless Service
+    pod(job, role, index, network=..., image=...)       -> the pod of one task
+
+Pure functions: everything a pod needs comes in as input (the job with its defaults, the
+addresses of every task and each task's metrics port from `Network`, the image to use when the
+template names none), and the backends create what they get, unchanged. Kubernetes' network is
+`<job>-<role>-<i>.<job>.<ns>.svc:2222` with the metrics port of the template (`dns_network`); the
+local backend gives 127.0.0.1 and free ports.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from jaxps_runtime import cluster
+
+ROLES = ("chief", "ps", "worker", "evaluator")
+PORT = 2222
+METRICS_PORT = 9090
+# The operator's --runtime-image overrides it. Never `:latest`: that tag makes the kubelet pull
+# on every start, which fails on nodes that load images without a registry.
+DEFAULT_IMAGE = "ghcr.io/jaxps/runtime:0.1.0"
+LABEL_JOB, LABEL_ROLE, LABEL_INDEX = (
+    "jaxps.dev/job-name",
+    "jaxps.dev/replica-type",
+    "jaxps.dev/replica-index",
+)
+# What jaxps sets in every task's main container; a template's own value of these is replaced.
+# Every other variable of the template, JAXPS_LOG_LEVEL and JAXPS_BIND_ADDRESS included, is kept.
+RESERVED_ENV = (
+    "TF_CONFIG",
+    "JAXPS_TRAINING",
+    "JAXPS_JOB_NAME",
+    "JAXPS_JOB_UID",
+    "JAXPS_METRICS_PORT",
+)
+
+
+@dataclass(frozen=True)
+class Network:
+    """Where the tasks of one job are: every task's gRPC address by role, and the metrics port
+    of the tasks that do not use the template's (by pod name)."""
+
+    addresses: Mapping[str, list[str]]
+    metrics_ports: Mapping[str, int] = field(default_factory=dict)
+
+
+def replicas(job: Mapping[str, Any]) -> dict[str, int]:
+    specs = job["spec"]["replicaSpecs"]
+    return {
+        role: int(specs[role]["replicas"])
+        for role in ROLES
+        if role in specs and int(specs[role]["replicas"]) > 0
+    }
+
+
+def tasks(job: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """Every (role, index) of the job, chief first."""
+    return [(role, index) for role, count in replicas(job).items() for index in range(count)]
+
+
+def pod_name(job: Mapping[str, Any], role: str, index: int) -> str:
+    return cluster.pod_name(job=job["metadata"]["name"], role=role, index=index)
+
+
+def chief_task(job: Mapping[str, Any]) -> tuple[str, int]:
+    return ("chief", 0) if "chief" in replicas(job) else ("worker", 0)
+
+
+def dns_network(job: Mapping[str, Any]) -> Network:
+    """Kubernetes: the Service's DNS names on port 2222; metrics on the template's port."""
+    name = job["metadata"]["name"]
+    namespace = job["metadata"].get("namespace", "default")
+    return Network(
+        addresses={
+            role: [
+                cluster.dns_address(job=name, role=role, index=i, namespace=namespace, port=PORT)
+                for i in range(n)
+            ]
+            for role, n in replicas(job).items()
+        }
+    )
+
+
+def training_json(job: Mapping[str, Any]) -> str:
+    return json.dumps(job["spec"]["training"], sort_keys=True)
+
+
+def labels(
+    job: Mapping[str, Any], role: str | None = None, index: int | None = None
+) -> dict[str, str]:
+    out = {LABEL_JOB: job["metadata"]["name"]}
+    if role is not None:
+        out[LABEL_ROLE] = role
+    if index is not None:
+        out[LABEL_INDEX] = str(index)
+    return out
+
+
+def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": job.get("apiVersion", "jaxps.dev/v1alpha1"),
+        "kind": "TrainingJob",
+        "name": job["metadata"]["name"],
+        "uid": job["metadata"].get("uid", ""),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def service(job: Mapping[str, Any]) -> dict[str, Any]:
+    """The headless Service that gives every pod `<pod>.<job>.<ns>.svc`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": job["metadata"]["name"],
+            "labels": labels(job),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": labels(job),
+            "ports": [{"name": "grpc", "port": PORT, "targetPort": PORT}],
+        },
+    }
+
+
+def template_metrics_port(container: Mapping[str, Any]) -> int:
+    """The container's port named `metrics` (a template may choose it), else 9090."""
+    for port in container.get("ports") or []:
+        if port.get("name") == "metrics" and port.get("containerPort"):
+            return int(port["containerPort"])
+    return METRICS_PORT
+
+
+def pod(
+    job: Mapping[str, Any],
+    role: str,
+    index: int,
+    *,
+    network: Network,
+    image: str = DEFAULT_IMAGE,
+) -> dict[str, Any]:
+    """The pod of one task: its template, plus what jaxps needs; `image` unless it names one."""
+    spec = job["spec"]
+    template = copy.deepcopy(spec["replicaSpecs"][role].get("template") or {})
+    pod_spec = template.setdefault("spec", {})
+    containers = pod_spec.setdefault("containers", [])
+    if not containers:
+        containers.append({"name": "jaxps"})
+    main = containers[0]
+    main.setdefault("name", "jaxps")
+    main.setdefault("image", image)
+    main.setdefault("command", ["python", "-m", "jaxps_runtime"])
+    name = pod_name(job, role, index)
+    metrics = network.metrics_ports.get(name) or template_metrics_port(main)
+    env = [e for e in main.get("env", []) if e.get("name") not in RESERVED_ENV]
+    env += [
+        {
+            "name": "TF_CONFIG",
+            "value": cluster.build_tf_config(
+                cluster={r: list(a) for r, a in network.addresses.items()},
+                task_type=role,
+                task_index=index,
+            ),
+        },
+        {"name": "JAXPS_TRAINING", "value": training_json(job)},
+        {"name": "JAXPS_JOB_NAME", "value": job["metadata"]["name"]},
+        {"name": "JAXPS_JOB_UID", "value": job["metadata"].get("uid") or job["metadata"]["name"]},
+        {"name": "JAXPS_METRICS_PORT", "value": str(metrics)},
+    ]
+    main["env"] = env
+    grpc_port = int(network.addresses[role][index].rsplit(":", 1)[1])
+    ports = [
+        p
+        for p in main.get("ports", [])
+        if p.get("name") not in ("grpc", "metrics")
+        and p.get("containerPort") not in (grpc_port, metrics)
+    ]
+    main["ports"] = [
+        *ports,
+        {"name": "grpc", "containerPort": grpc_port},
+        {"name": "metrics", "containerPort": metrics},
+    ]
+    checkpoint = spec["training"].get("checkpoint") or {}
+    if checkpoint.get("claimName"):
+        pod_spec.setdefault("volumes", []).append(
+            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": checkpoint["claimName"]}}
+        )
+        main.setdefault("volumeMounts", []).append(
+            {"name": "checkpoints", "mountPath": checkpoint["dir"]}
+        )
+    pod_spec["restartPolicy"] = "Never"
+    pod_spec["hostname"] = name
+    pod_spec["subdomain"] = job["metadata"]["name"]
+    metadata = template.setdefault("metadata", {})
+    metadata["name"] = name
+    metadata["labels"] = {**metadata.get("labels", {}), **labels(job, role, index)}
+    metadata["ownerReferences"] = [owner_reference(job)]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}

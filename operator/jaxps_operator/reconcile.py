@@ -1,0 +1,202 @@
+"""One reconcile pass of one TrainingJob, on any `Cluster`: Kubernetes or local processes.
+
+    reconcile(cluster, namespace, name, now=..., validator=...) -> Outcome
+
+    GET the job -> its children (pods, Service) -> planner.plan(...) -> delete, then create
+    -> the chief's progress (status.progress) -> one status write, only if it changed
+    -> Events -> delete the job once its TTL is over
+
+The operator runs it behind kopf's watches and its work queue (`controller`), one pass per job
+at a time in a worker thread; `jaxps local` runs it in a loop (`local`). Level-based: a pass
+may be repeated, or cut short by a conflict, at any point.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol, TypeVar
+
+from jaxps_operator import builders, planner, progress, schema
+from jaxps_operator.conditions import TERMINAL, Event
+from jaxps_operator.objects import PodState
+
+log = logging.getLogger("jaxps.operator")
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Children:
+    """A job's children as observed: its pods and whether its Service exists."""
+
+    pods: list[PodState]
+    service: bool
+
+
+class ConflictError(Exception):
+    """The job changed since it was read: the pass is repeated."""
+
+
+class Cluster(Protocol):
+    """Where jobs run. Creating what exists and deleting what is gone count as success."""
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The stored job (status included), or None when it is gone."""
+
+    def children(self, job: Mapping[str, Any]) -> Children:
+        """Its pods (a pod of another job with the same name counts as leaving) and Service."""
+
+    def network(self, job: Mapping[str, Any]) -> builders.Network:
+        """Where the job's tasks are: what its pods' TF_CONFIG names."""
+
+    def create(self, job: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
+        """Creates a Pod or the Service; False when it already exists."""
+
+    def delete_pod(self, job: Mapping[str, Any], name: str) -> bool:
+        """Deletes a pod (gracefully); False when it was already gone."""
+
+    def write_status(self, job: Mapping[str, Any], status: Mapping[str, Any]) -> None:
+        """Writes the status of `job` as it was read; `ConflictError` if it changed since."""
+
+    def post_event(self, job: Mapping[str, Any], event: Event) -> None:
+        """Records an Event about the job."""
+
+    def delete_job(self, job: Mapping[str, Any]) -> None:
+        """Deletes the job and, with it, its children."""
+
+    def task_progress(self, pod: PodState) -> dict[str, float]:
+        """The jaxps_* metrics a running task serves; {} when it does not answer."""
+
+
+def in_order(fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+    """Runs `fn` over `items` one after the other (a `map` for clusters with no pool)."""
+    return map(fn, items)
+
+
+@dataclass
+class Outcome:
+    state: str | None  # None: the job is gone
+    requeue_after: float | None = None
+    replaced: list[tuple[str, int]] = field(default_factory=list)  # (role, index) of each
+
+
+@dataclass
+class Validator:
+    """Jobs validated against the CRD with defaults applied, once per uid and generation (the
+    CEL rules are slow). Shared by the worker threads of the operator: one lock guards it."""
+
+    cache: dict[tuple[str, str], tuple[str, int, dict[str, Any]]] = field(default_factory=dict)
+    reported: set[str] = field(default_factory=set)  # uids whose invalid spec was posted
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def job(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """`raw` validated, defaults applied, with its metadata and status; a copy."""
+        meta = raw["metadata"]
+        key = (str(meta.get("namespace", "")), str(meta["name"]))
+        uid, generation = str(meta.get("uid", "")), int(meta.get("generation", 0))
+        with self.lock:
+            cached = self.cache.get(key)
+        if cached is None or cached[:2] != (uid, generation):
+            cached = (
+                uid,
+                generation,
+                schema.validate({k: v for k, v in raw.items() if k != "status"}),
+            )
+            with self.lock:
+                current = self.cache.get(key)
+                if current is None or current[0] != uid or current[1] <= generation:
+                    self.cache[key] = cached
+        job = copy.deepcopy(cached[2])
+        job["metadata"] = copy.deepcopy(dict(meta))
+        job["status"] = copy.deepcopy(raw.get("status") or {})
+        return job
+
+    def first_report(self, uid: str) -> bool:
+        """True once per uid: whether its invalid spec is still to be reported."""
+        with self.lock:
+            new = uid not in self.reported
+            self.reported.add(uid)
+            return new
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The job is gone: its cache entry goes too."""
+        with self.lock:
+            self.cache.pop((namespace, name), None)
+
+
+def chief_pod(job: Mapping[str, Any], pods: Iterable[PodState]) -> PodState | None:
+    """The chief's pod (or worker 0's) unless it is being deleted."""
+    name = builders.pod_name(job, *builders.chief_task(job))
+    return next((p for p in pods if p.name == name and not p.deleting), None)
+
+
+def reconcile(
+    cluster: Cluster,
+    namespace: str,
+    name: str,
+    *,
+    now: datetime,
+    validator: Validator,
+    image: str = builders.DEFAULT_IMAGE,
+    progress_interval: float | None = None,
+    parallel: Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]] = in_order,
+) -> Outcome:
+    """One pass over job `namespace/name`. `parallel` maps a call over the deletes, then over
+    the creates (a thread pool's `map` on Kubernetes); `progress_interval` asks for another
+    pass that soon while the chief runs."""
+    raw = cluster.get_job(namespace, name)
+    if raw is None or raw["metadata"].get("deletionTimestamp"):
+        validator.forget(namespace, name)
+        return Outcome(state=None)
+    try:
+        job = validator.job(raw)
+    except schema.InvalidManifestError as err:
+        # the API server enforces the same schema, so this is a CRD older than the operator
+        if validator.first_report(str(raw["metadata"].get("uid", ""))):
+            cluster.post_event(raw, Event("Warning", "InvalidSpec", str(err)))
+        return Outcome(state=(raw.get("status") or {}).get("state", "Created"))
+    children = cluster.children(job)
+    plan = planner.plan(
+        job,
+        children.pods,
+        now,
+        network=cluster.network(job),
+        service_exists=children.service,
+        image=image,
+    )
+    gone = list(parallel(lambda n: cluster.delete_pod(job, n), plan.delete))
+    deleted = [n for n, ok in zip(plan.delete, gone, strict=True) if ok]
+    made = list(parallel(lambda m: cluster.create(job, m), plan.create))
+    created = [
+        f"{m['kind']} {m['metadata']['name']}"
+        for m, ok in zip(plan.create, made, strict=True)
+        if ok
+    ]
+    status = plan.status
+    chief = chief_pod(job, children.pods)
+    if chief is not None:
+        metrics = cluster.task_progress(chief) if chief.phase == "Running" else {}
+        status["progress"] = progress.update(status.get("progress") or {}, chief, metrics)
+    if status != job["status"]:
+        cluster.write_status(raw, status)
+    if deleted:
+        plan.events.append(Event("Normal", "PodsDeleted", f"deleted pod {', '.join(deleted)}"))
+    if created:
+        plan.events.append(Event("Normal", "Created", f"created {', '.join(created)}"))
+    for event in plan.events:
+        cluster.post_event(raw, event)
+    if plan.delete_job:
+        log.info("TrainingJob %s/%s: ttlSecondsAfterFinished is over: deleted", namespace, name)
+        cluster.delete_job(raw)
+        validator.forget(namespace, name)
+        return Outcome(state=None, replaced=plan.replaced)
+    requeue = plan.requeue_after
+    running = chief is not None and chief.phase == "Running"
+    if progress_interval is not None and running and status["state"] not in TERMINAL:
+        requeue = min(requeue or progress_interval, progress_interval)
+    return Outcome(state=status["state"], requeue_after=requeue, replaced=plan.replaced)

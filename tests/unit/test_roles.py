@@ -1,0 +1,72 @@
+"""A training task's start: an invalid training configuration exits 78, its problems in the
+termination log, one a line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jaxps_runtime import cluster, config, roles, stopping, termination
+
+WORKER_1 = {
+    "cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]},
+    "task": {"type": "worker", "index": 1},
+}
+
+
+def _start(training_env: str | None) -> int:
+    spec = cluster.from_env({"TF_CONFIG": json.dumps(WORKER_1)})
+    assert spec is not None
+    return roles.run(
+        spec=spec,
+        job_id="job",
+        bind=None,
+        training_file=None,
+        training_env=training_env,
+        metrics_port=0,
+        stop=stopping.Stop(),
+    )
+
+
+@pytest.fixture
+def termination_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    monkeypatch.setenv(termination.ENV, str(log))
+    return log
+
+
+def test_a_worker_without_jaxps_training_exits_78_naming_the_variable(
+    termination_log: Path,
+) -> None:
+    assert _start(None) == config.EXIT_INVALID_TRAINING
+    assert termination_log.read_text().startswith("JAXPS_TRAINING: not set; a worker")
+
+
+def test_every_problem_of_the_configuration_is_one_line_of_the_termination_log(
+    termination_log: Path,
+) -> None:
+    training = {"model": {"name": "resnet"}, "optimizer": {"name": "sgdd"}}
+    assert _start(json.dumps(training)) == config.EXIT_INVALID_TRAINING
+    lines = termination_log.read_text().splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "JAXPS_TRAINING.model.name",
+        "JAXPS_TRAINING.optimizer.name",
+    ]
+
+
+def test_what_only_jax_finds_is_reported_at_start_too(termination_log: Path) -> None:
+    training = {
+        "model": {"name": "q", "module": "no_such_pkg.models:make"},
+        "dataset": {"name": "synthetic"},
+        "optimizer": {"name": "lbfgs", "kwargs": {"learning_rate": 0.1, "memory_size": 0}},
+    }
+    assert _start(json.dumps(training)) == config.EXIT_INVALID_TRAINING
+    lines = termination_log.read_text().splitlines()
+    assert lines[0] == (
+        "JAXPS_TRAINING.optimizer.kwargs: optax.lbfgs refused them: memory_size must be >= 1"
+    )
+    assert lines[1].startswith("model.module: 'no_such_pkg.models:make': cannot import")
+    assert len(lines) == 2
