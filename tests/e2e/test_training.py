@@ -134,7 +134,39 @@ def test_the_mnist_example_trains_to_succeeded(jobs: E2eJobs) -> None:
     assert accuracy(job) >= 0.9
     assert progress["lastCheckpointStep"] == body["spec"]["training"]["steps"]
     no_pod_left_running(jobs, "mnist")
-    keep(jobs.kubectl("get", "tj,pods", "-o", "wide"), "mnist.txt")
+    shown = jobs.kubectl("get", "tj", "mnist", "-o", "jsonpath={.status.progress}")
+    assert json.loads(shown)["eval"]["accuracy"] == progress["eval"]["accuracy"]
+    keep(
+        f"{jobs.kubectl('get', 'tj,pods', '-o', 'wide')}\n.status.progress: {shown}\n", "mnist.txt"
+    )
+
+
+def test_a_misspelt_training_fails_at_once_with_no_pod(jobs: E2eJobs) -> None:
+    body = training_job("typo", steps=100)
+    body["spec"]["training"]["model"] = {"name": "resnet"}
+    body["spec"]["training"]["optimizer"] = {"name": "sgdd"}
+    name = start(jobs, body)
+    failed = jobs.wait_condition(name, "Failed", timeout=60)
+    assert failed["reason"] == "InvalidTraining"
+    assert "spec.training.model.name" in failed["message"]
+    assert "spec.training.optimizer.name" in failed["message"]
+    assert jobs.pods(name) == {}
+    assert jobs.get(name)["status"]["restarts"] == 0  # type: ignore[index]
+    keep(f"{failed['reason']}: {failed['message']}\n", "invalid-training.txt")
+
+
+def test_a_task_refusing_its_training_fails_the_job_once_with_its_words(jobs: E2eJobs) -> None:
+    body = training_job("nomodule", steps=100)
+    # well-formed, so only a task can find that it cannot be imported
+    body["spec"]["training"]["model"] = {"module": "nowhere:make_model"}
+    name = start(jobs, body)
+    failed = jobs.wait_condition(name, "Failed", timeout=180)
+    assert failed["reason"] == "InvalidTraining"
+    assert "nowhere" in failed["message"]
+    assert "exit code 78" in failed["message"]
+    assert jobs.get(name)["status"]["restarts"] == 0  # type: ignore[index]
+    no_pod_left_running(jobs, name)
+    keep(f"{failed['reason']}: {failed['message']}\n", "task-invalid-training.txt")
 
 
 def kill_and_recover(
