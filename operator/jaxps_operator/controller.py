@@ -91,7 +91,7 @@ class Metrics:
 class Reconciler:
     """`reconcile.reconcile` on the API server, with the operator's options and metrics."""
 
-    cluster: kube.KubeCluster
+    cluster: reconcile.Cluster
     metrics: Metrics
     progress_interval: float = 10.0
     image: str = builders.DEFAULT_IMAGE

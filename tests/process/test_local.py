@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from jaxps_operator import builders, local, schema
 from jaxps_runtime import launch
 
 pytestmark = pytest.mark.process
@@ -134,3 +135,48 @@ def test_an_invalid_manifest_exits_2_naming_the_field(tmp_path: Path) -> None:
     assert status == {}
     assert "spec.replicaSpecs: Invalid value" in logs
     assert "at most one chief" in logs
+
+
+def test_a_local_process_gets_the_pods_environment_as_the_builder_made_it(tmp_path: Path) -> None:
+    manifest = yaml.safe_load((EXAMPLES / "mnist.yaml").read_text())
+    manifest["spec"]["replicaSpecs"]["worker"]["template"] = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "jaxps",
+                    "env": [{"name": "JAXPS_LOG_LEVEL", "value": "DEBUG"}],
+                    "command": [
+                        "python",
+                        "-c",
+                        "import json, os, sys; json.dump(dict(os.environ), sys.stdout)",
+                    ],
+                }
+            ]
+        }
+    }
+    job = schema.validate(manifest)
+    local_cluster = local.LocalCluster(job=local.local_job(job, tmp_path), workdir=tmp_path)
+    try:
+        network = local_cluster.network(local_cluster.job)
+        ports = [int(a.rsplit(":", 1)[1]) for row in network.addresses.values() for a in row]
+        ports += list(network.metrics_ports.values())
+        assert len(set(ports)) == len(ports) == 8  # gRPC and metrics, never shared
+        pod = builders.pod(local_cluster.job, "worker", 1, network=network)
+        assert local_cluster.create(local_cluster.job, pod)
+        proc = local_cluster.processes["mnist-worker-1"]
+        assert proc.popen.wait(timeout=60) == 0
+        text = (tmp_path / "mnist-worker-1.log").read_text()
+        environ = json.loads(text[text.index("{") :])
+        for variable in pod["spec"]["containers"][0]["env"]:
+            assert environ[variable["name"]] == variable["value"], variable["name"]
+        assert environ["JAXPS_LOG_LEVEL"] == "DEBUG"
+        assert environ["JAXPS_TERMINATION_LOG"] == str(tmp_path / "mnist-worker-1.termination-log")
+        state = local_cluster.children(local_cluster.job).pods[0]
+        assert (state.phase, state.exit_code) == ("Succeeded", 0)
+    finally:
+        local_cluster.stop_all()
+
+
+def test_free_ports_are_distinct() -> None:
+    ports = local.free_ports(64)
+    assert len(set(ports)) == 64

@@ -337,3 +337,19 @@ def test_the_validator_is_safe_from_many_threads_over_changing_generations(
     assert errors == []
     validator.forget("ns", "tj")
     assert validator.cache == {}
+
+
+def test_the_operator_counts_replacements_by_the_role_of_the_replaced_pod() -> None:
+    from jaxps_operator import controller  # noqa: PLC0415 - kopf only where needed
+
+    memory = Memory(manifest())
+    metrics = controller.Metrics()
+    reconciler = controller.Reconciler(cluster=memory, metrics=metrics)
+    reconciler.reconcile("ns", "tj")
+    memory.run_all()
+    memory.end("tj-ps-0", 137)
+    memory.end("tj-worker-1", 143)
+    reconciler.reconcile("ns", "tj")
+    count = metrics.registry.get_sample_value
+    assert count("jaxps_operator_pod_replacements_total", {"role": "ps"}) == 1
+    assert count("jaxps_operator_pod_replacements_total", {"role": "worker"}) == 1

@@ -73,6 +73,6 @@ def on_failure(job: Mapping[str, Any], pod: PodState, status: Status, plan: Plan
     status.event(
         "Warning",
         "PodReplaced",
-        f"replacing pod {pod.name} ({task}): it failed with exit code {code} "
+        f"{task} (pod {pod.name}) failed with exit code {code}; replacing it "
         f"(restartPolicy {policy})",
     )
