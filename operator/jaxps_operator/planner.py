@@ -37,7 +37,7 @@ __all__ = ["Event", "Plan", "PodState", "plan"]
 
 
 def _counts(
-    job: Mapping[str, Any], observed: Sequence[PodState], previous: Mapping[str, Any]
+    job: Mapping[str, Any], *, observed: Sequence[PodState], previous: Mapping[str, Any]
 ) -> dict[str, dict[str, int]]:
     counts = {
         role: {
@@ -78,7 +78,7 @@ def plan(
     status = Status(copy.deepcopy(dict(job.get("status") or {})), now=now, generation=generation)
     body = status.body
     body["observedGeneration"] = generation
-    body["replicaStatuses"] = _counts(job, observed, body)
+    body["replicaStatuses"] = _counts(job, observed=observed, previous=body)
     total = sum(builders.replicas(job).values())
     ready = sum(c["ready"] for c in body["replicaStatuses"].values())
     body["readyReplicas"] = f"{ready}/{total}"
@@ -90,11 +90,17 @@ def plan(
 
     if not status.finished:
         _run(
-            job, observed, status, out, network=network, service_exists=service_exists, image=image
+            job,
+            observed=observed,
+            status=status,
+            out=out,
+            network=network,
+            service_exists=service_exists,
+            image=image,
         )
     if status.finished:
-        cleanup.apply(job, observed, out)
-        deadline.after_finish(job, status, out)
+        cleanup.apply(job, pods=observed, plan=out)
+        deadline.after_finish(job, status=status, plan=out)
     body["state"] = status.state()
     out.status = body
     out.events = status.events
@@ -103,18 +109,18 @@ def plan(
 
 def _run(
     job: Mapping[str, Any],
+    *,
     observed: Sequence[PodState],
     status: Status,
     out: Plan,
-    *,
     network: builders.Network,
     service_exists: bool,
     image: str,
 ) -> None:
-    if suspend.apply(job, observed, status, out):
+    if suspend.apply(job, pods=observed, status=status, plan=out):
         return
     status.body.setdefault("startTime", stamp(status.now))
-    deadline.active(job, status, out)
+    deadline.active(job, status=status, plan=out)
     if status.finished:
         return
     problems = schema.training_problems(job)
@@ -137,7 +143,7 @@ def _run(
         elif p.deleting:
             restarting.append(f"{role} {index}")  # recreated once it is gone, never before
         elif p.phase == "Failed":
-            restart.on_failure(job, p, status, out)
+            restart.on_failure(job, p, status=status, plan=out)
             if status.finished:
                 return
             restarting.append(f"{role} {index}")
@@ -146,11 +152,12 @@ def _run(
     if who is not None:
         status.finish(succeeded=True, reason="JobSucceeded", message=f"{who} succeeded")
         return
-    _progressing(job, pods, restarting, status)
+    _progressing(job, pods=pods, restarting=restarting, status=status)
 
 
 def _progressing(
     job: Mapping[str, Any],
+    *,
     pods: Mapping[tuple[str, int], PodState],
     restarting: list[str],
     status: Status,

@@ -45,7 +45,7 @@ def read_metrics(address: str) -> dict[str, float]:
 
 
 def update(
-    previous: Mapping[str, Any], chief: PodState | None, metrics: Mapping[str, float]
+    previous: Mapping[str, Any], *, chief: PodState | None, metrics: Mapping[str, float]
 ) -> dict[str, Any]:
     """The progress after a pass: final once the chief's termination message holds its
     summary, else `previous` updated with its metrics (unchanged when there are none)."""

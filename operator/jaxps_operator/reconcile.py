@@ -181,7 +181,9 @@ def reconcile(
     chief = chief_pod(job, children.pods)
     if chief is not None:
         metrics = cluster.task_progress(chief) if chief.phase == "Running" else {}
-        status["progress"] = progress.update(status.get("progress") or {}, chief, metrics)
+        status["progress"] = progress.update(
+            status.get("progress") or {}, chief=chief, metrics=metrics
+        )
     if status != job["status"]:
         cluster.write_status(raw, status)
     if deleted:

@@ -50,19 +50,21 @@ def test_the_final_summary_completes_the_progress_and_drops_missing_evals() -> N
 
 
 def test_a_running_chief_gives_its_metrics() -> None:
-    out = progress.update({}, chief("Running"), METRICS)
+    out = progress.update({}, chief=chief("Running"), metrics=METRICS)
     assert out == {"step": 42, "loss": 0.5, "stepsPerSecond": 10.12, "lastCheckpointStep": 40}
 
 
 def test_an_ended_chief_gives_its_termination_message_as_the_final_progress() -> None:
-    out = progress.update({"step": 590}, chief("Succeeded", json.dumps(DONE) + "\n"), {})
+    out = progress.update(
+        {"step": 590}, chief=chief("Succeeded", json.dumps(DONE) + "\n"), metrics={}
+    )
     assert out["step"] == 600
     assert out["eval"] == {"accuracy": 0.97}
 
 
 def test_a_failed_or_pending_chief_leaves_the_progress_as_it_was() -> None:
     for phase in ("Failed", "Pending"):
-        assert progress.update({"step": 7}, chief(phase), {}) == {"step": 7}
+        assert progress.update({"step": 7}, chief=chief(phase), metrics={}) == {"step": 7}
 
 
 def test_a_kubernetes_chief_pod_yields_its_termination_message_and_metrics_address() -> None:
@@ -87,12 +89,14 @@ def test_a_kubernetes_chief_pod_yields_its_termination_message_and_metrics_addre
     }
     state = kube.pod_state(pod, "u")
     assert state is not None
-    assert progress.update({}, state, {})["eval"] == {"accuracy": 0.97}
+    assert progress.update({}, chief=state, metrics={})["eval"] == {"accuracy": 0.97}
     running = {**pod, "status": {"phase": "Running", "podIP": "10.88.0.7"}}
     assert kube.pod_state(running, "u").metrics == "10.88.0.7:9191"  # type: ignore[union-attr]
 
 
 def test_no_loss_is_reported_before_the_first_step() -> None:
-    out = progress.update({}, chief("Running"), {"jaxps_global_step": 0.0, "jaxps_loss": 0.0})
+    out = progress.update(
+        {}, chief=chief("Running"), metrics={"jaxps_global_step": 0.0, "jaxps_loss": 0.0}
+    )
     assert "loss" not in out
     assert out["step"] == 0

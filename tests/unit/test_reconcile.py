@@ -340,7 +340,7 @@ def test_the_validator_is_safe_from_many_threads_over_changing_generations(
 
 
 def test_the_operator_counts_replacements_by_the_role_of_the_replaced_pod() -> None:
-    from jaxps_operator import controller  # noqa: PLC0415 - kopf only where needed
+    from jaxps_operator import controller
 
     memory = Memory(manifest())
     metrics = controller.Metrics()

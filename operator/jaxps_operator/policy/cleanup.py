@@ -12,7 +12,7 @@ from typing import Any
 from jaxps_operator.objects import Plan, PodState
 
 
-def apply(job: Mapping[str, Any], pods: Iterable[PodState], plan: Plan) -> None:
+def apply(job: Mapping[str, Any], *, pods: Iterable[PodState], plan: Plan) -> None:
     policy = job["spec"]["runPolicy"]["cleanPodPolicy"]
     for p in pods:
         if p.deleting or p.name in plan.delete:

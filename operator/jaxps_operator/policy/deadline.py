@@ -14,7 +14,7 @@ from jaxps_operator.conditions import Status, parse_time
 from jaxps_operator.objects import Plan
 
 
-def active(job: Mapping[str, Any], status: Status, plan: Plan) -> None:
+def active(job: Mapping[str, Any], *, status: Status, plan: Plan) -> None:
     """Fails the job once its deadline is over; else sets the timer for it."""
     deadline = job["spec"]["runPolicy"].get("activeDeadlineSeconds")
     started = parse_time(status.body.get("startTime"))
@@ -32,7 +32,7 @@ def active(job: Mapping[str, Any], status: Status, plan: Plan) -> None:
         plan.requeue_after = left
 
 
-def after_finish(job: Mapping[str, Any], status: Status, plan: Plan) -> None:
+def after_finish(job: Mapping[str, Any], *, status: Status, plan: Plan) -> None:
     """A finished job: deleted once its TTL is over, else a timer for then; no deadline."""
     ttl = job["spec"]["runPolicy"].get("ttlSecondsAfterFinished")
     completed = parse_time(status.body.get("completionTime"))

@@ -35,7 +35,7 @@ def may_replace(policy: str, exit_code: int | None) -> bool:
     return False
 
 
-def on_failure(job: Mapping[str, Any], pod: PodState, status: Status, plan: Plan) -> None:
+def on_failure(job: Mapping[str, Any], pod: PodState, *, status: Status, plan: Plan) -> None:
     """Replaces the failed `pod`, or ends the job; `status.finished` tells which."""
     policy = job["spec"]["replicaSpecs"][pod.role]["restartPolicy"]
     limit = job["spec"]["runPolicy"]["backoffLimit"]

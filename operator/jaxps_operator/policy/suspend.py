@@ -10,7 +10,7 @@ from jaxps_operator.conditions import Status
 from jaxps_operator.objects import Plan, PodState
 
 
-def apply(job: Mapping[str, Any], pods: Iterable[PodState], status: Status, plan: Plan) -> bool:
+def apply(job: Mapping[str, Any], *, pods: Iterable[PodState], status: Status, plan: Plan) -> bool:
     """True while the job is suspended (its pods are being deleted)."""
     name = job["metadata"]["name"]
     if job["spec"]["runPolicy"]["suspend"]:
