@@ -20,6 +20,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
 from jaxps_runtime import cluster, stopping
+from jaxps_runtime.credentials import CredentialsError, Identity, TaskCredentials
 
 EXIT_USAGE = 2
 log = logging.getLogger("jaxps_runtime")
@@ -42,6 +43,13 @@ def _arguments(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         default=os.environ.get("JAXPS_BIND_ADDRESS"),
         help="host:port to listen on (default: the task's own address; all "
         "interfaces unless it is a loopback address)",
+    )
+    parser.add_argument(
+        "--tls-dir",
+        type=Path,
+        default=os.environ.get("JAXPS_TLS_DIR") or None,
+        help="the task's credentials (ca.crt, tls.crt, tls.key from its job's CA): mutual TLS "
+        "with every peer (default: JAXPS_TLS_DIR; unset: plaintext, unprotected)",
     )
     parser.add_argument(
         "--training",
@@ -108,7 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if task.type == cluster.PS:
             _ps_xla_threads(os.environ)
         metrics_port = _metrics_port(os.environ)
-    except cluster.ClusterSpecError as err:
+        credentials = _credentials(args.tls_dir, task=task, job_id=job_id)
+    except (cluster.ClusterSpecError, CredentialsError) as err:
         print(f"jaxps_runtime: {err}", file=sys.stderr)
         return EXIT_USAGE
     # Imported here: jax must see XLA_FLAGS first, and `--help` and errors stay fast.
@@ -122,7 +131,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         training_env=os.environ.get("JAXPS_TRAINING"),
         metrics_port=metrics_port,
         stop=stop,
+        credentials=credentials,
     )
+
+
+def _credentials(
+    directory: Path | None, *, task: cluster.TaskSpec, job_id: str
+) -> TaskCredentials | None:
+    """The task's credentials, which must name this very task of this job; None (with a
+    warning) when none are given: every channel is then plaintext and unauthenticated."""
+    if directory is None:
+        log.warning(
+            "%s: no credentials (--tls-dir, JAXPS_TLS_DIR): task-to-task traffic is PLAINTEXT "
+            "and any peer that reaches this task can call it; only for a trusted network",
+            task.name,
+        )
+        return None
+    loaded = TaskCredentials.load(directory)
+    named = loaded.identity()
+    if named != Identity(job=job_id, role=task.type, index=task.index):
+        raise CredentialsError(
+            f"--tls-dir {directory}: the certificate is for {named}; this task is "
+            f"{task.type} {task.index} of job {job_id}"
+        )
+    return loaded
 
 
 def _metrics_port(environ: Mapping[str, str]) -> int:

@@ -149,13 +149,15 @@ class Chief:
             futures.ThreadPoolExecutor(16, thread_name_prefix="coordinator"),
             options=list(rpc.SERVER_OPTIONS),
         )
+        guard = rpc.guard(task.spec.cluster, job=task.job_id, credentials=task.credentials)
+        servicer = CoordinatorServicer(self.membership, task=task.name)
         self._server.add_generic_rpc_handlers(
-            (rpc.COORDINATOR.generic_handler(CoordinatorServicer(self.membership, task=task.name)),)
+            (rpc.COORDINATOR.generic_handler(servicer, guard=guard),)
         )
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         where = server.bind_address(task.chief_address, override=bind)
-        if not self._server.add_insecure_port(where):
+        if not rpc.add_port(self._server, where, task.credentials):
             raise server.BindError(f"{task.name}: cannot listen on {where}")
         self.started = time.monotonic()
         self.checkpointer = Checkpointer(task)
@@ -368,7 +370,8 @@ class Chief:
                 # a rollback moves the step back: no negative rate for the window it spans
                 rate = max(step - last_step, 0) / (now - last_time)
                 metrics.steps_per_second.set(rate)
-                log.info("step %d/%d  loss %.4f  %.1f steps/s", step, training.steps, loss, rate)
+                shown = f"{loss:.4f}" if step > 0 else "-"  # no loss before the first step
+                log.info("step %d/%d  loss %s  %.1f steps/s", step, training.steps, shown, rate)
                 last_log, last_step, last_time = now, step, now
             self.task.stop.sleep(min(0.2, training.heartbeatSeconds))
 

@@ -34,6 +34,7 @@ from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime import codec, rpc, stopping, streams
 from jaxps_runtime.config import OptimizerConfig
+from jaxps_runtime.credentials import TaskCredentials
 from jaxps_runtime.placement import Layout, Placement, Shard, named_leaves
 from jaxps_runtime.shards import Mode
 
@@ -86,6 +87,7 @@ class PsClient:
         task: str,
         chunk_bytes: int = streams.CHUNK_BYTES,
         stop: stopping.Stop | None = None,
+        credentials: TaskCredentials | None = None,
     ) -> None:
         if len(addresses) != placement.num_ps:
             raise ValueError(
@@ -97,7 +99,7 @@ class PsClient:
         self.epoch = 0
         self.incarnations = [0] * len(addresses)
         self._chunk_bytes = chunk_bytes
-        self._channels = [rpc.channel(a) for a in addresses]
+        self._channels = [rpc.channel(a, credentials) for a in addresses]
         self._calls = [rpc.PARAMETER_SERVER.callables(ch) for ch in self._channels]
         self._pool = ThreadPoolExecutor(len(addresses), thread_name_prefix=f"{task}-ps")
         self._shards = [placement.shards_on(i) for i in range(len(addresses))]

@@ -23,6 +23,7 @@ import grpc
 from jaxps.v1 import coordinator_pb2 as co_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime import rpc, stopping
+from jaxps_runtime.credentials import TaskCredentials
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +167,9 @@ class CoordinatorClient:
         task: str,
         incarnation: int,
         stop: stopping.Stop | None = None,
+        credentials: TaskCredentials | None = None,
     ) -> None:
-        self._channel = rpc.channel(address)
+        self._channel = rpc.channel(address, credentials)
         self._calls = rpc.COORDINATOR.callables(self._channel)
         self._id = tensor_pb2.Identity(job_id=job_id, task=task)
         self._incarnation = incarnation

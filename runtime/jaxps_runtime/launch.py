@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from jaxps_runtime import cluster, rpc
+from jaxps_runtime import cluster, credentials, rpc
 
 RUNTIME_ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,6 +149,7 @@ class LocalJob:
     log_dir: Path
     env: dict[str, str]
     metrics_ports: dict[str, int] = field(default_factory=dict)
+    authority: credentials.Authority | None = None  # the job's CA when it runs with mutual TLS
 
     @classmethod
     def start(
@@ -164,10 +165,12 @@ class LocalJob:
         extra_env: Mapping[str, str] | None = None,
         order: Sequence[str] | None = None,
         task_env: Mapping[str, Mapping[str, str]] | None = None,
+        tls: bool = False,
     ) -> LocalJob:
         """Starts the tasks (only those in `order`, in that order, if given) and returns at once.
 
-        `task_env` adds environment variables to single tasks by name.
+        `task_env` adds environment variables to single tasks by name. With `tls`, the job gets
+        its own CA and every task its certificate (in `log_dir/tls/<task>`): mutual TLS.
         """
         counts = {"chief": int(chief), "ps": ps, "worker": workers, "evaluator": int(evaluator)}
         ports = iter(free_ports(2 * sum(counts.values())))
@@ -179,11 +182,22 @@ class LocalJob:
         job = cls(spec=spec, processes={}, log_dir=log_dir, env=env)
         names = [f"{role}-{i}" for role, addrs in spec.items() for i in range(len(addrs))]
         job.metrics_ports = {name: next(ports) for name in names}
+        if tls:
+            job.authority = credentials.authority(job_id)
+            for name in names:
+                role, _, index = name.rpartition("-")
+                identity = credentials.Identity(job=job_id, role=role, index=int(index))
+                issued = credentials.issue(job.authority, identity, hosts=["127.0.0.1"])
+                issued.write(job.tls_dir(name))
         for name in names if order is None else order:
             job.start_task(
                 name, metrics_port=job.metrics_ports[name], env=(task_env or {}).get(name)
             )
         return job
+
+    def tls_dir(self, name: str) -> Path:
+        """Where task `name`'s credentials are (with `tls`)."""
+        return self.log_dir / "tls" / name
 
     def start_task(
         self, name: str, *, metrics_port: int = 0, env: Mapping[str, str] | None = None
@@ -198,6 +212,7 @@ class LocalJob:
                 **self.env,
                 "TF_CONFIG": tf_config,
                 "JAXPS_METRICS_PORT": str(metrics_port),
+                **({"JAXPS_TLS_DIR": str(self.tls_dir(name))} if self.authority else {}),
                 **(env or {}),
             }
         )

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from jaxps_runtime import checkpoint, cluster, config, models, optim, server, stopping, termination
+from jaxps_runtime.credentials import TaskCredentials
 from jaxps_runtime.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -44,9 +45,11 @@ def run(
     training_env: str | None,
     metrics_port: int,
     stop: stopping.Stop,
+    credentials: TaskCredentials | None = None,
 ) -> int:
     task = spec.task
     if task.type == cluster.PS:
+        chief = spec.cluster.chief_task()
         return server.serve_ps(
             address=spec.cluster.address(task),
             job_id=job_id,
@@ -54,6 +57,8 @@ def run(
             bind=bind,
             metrics_port=metrics_port,
             stop=stop,
+            credentials=credentials,
+            chief=(chief.type, chief.index),
         )
     from jaxps_runtime.task import Task  # noqa: PLC0415
 
@@ -63,7 +68,14 @@ def run(
             training = _training(file=training_file, env=training_env)
         except config.TrainingConfigError as err:
             return _invalid_training(err.problems)
-        state = Task(spec=spec, training=training, job_id=job_id, metrics=metrics, stop=stop)
+        state = Task(
+            spec=spec,
+            training=training,
+            job_id=job_id,
+            metrics=metrics,
+            stop=stop,
+            credentials=credentials,
+        )
         where = "training" if training_file is not None else "JAXPS_TRAINING"
         problems = _start_problems(state, where=where)
         if problems:

@@ -16,6 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from jaxps_runtime import rpc, stopping
+from jaxps_runtime.credentials import TaskCredentials
 from jaxps_runtime.metrics import Metrics
 from jaxps_runtime.ps import ParameterServicer
 from jaxps_runtime.shards import ParameterStore
@@ -44,7 +45,16 @@ def bind_address(address: str, *, override: str | None = None) -> str:
 class PsServer:
     """One ps task's server; `wait` returns once it is told to stop and has stopped."""
 
-    def __init__(self, *, address: str, job_id: str, task: str, bind: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        address: str,
+        job_id: str,
+        task: str,
+        bind: str | None = None,
+        credentials: TaskCredentials | None = None,
+        chief: tuple[str, int] = ("chief", 0),
+    ) -> None:
         self.store = ParameterStore(job_id=job_id, task=task)
         self._stop = threading.Event()
         self.reason = ""
@@ -53,12 +63,15 @@ class PsServer:
             options=list(rpc.SERVER_OPTIONS),
         )
         servicer = ParameterServicer(self.store, on_shutdown=self.stop)
-        self._server.add_generic_rpc_handlers((rpc.PARAMETER_SERVER.generic_handler(servicer),))
+        guard = None if credentials is None else rpc.Guard(job=job_id, chief=chief)
+        self._server.add_generic_rpc_handlers(
+            (rpc.PARAMETER_SERVER.generic_handler(servicer, guard=guard),)
+        )
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         where = bind_address(address, override=bind)
         try:
-            self.port = self._server.add_insecure_port(where)
+            self.port = rpc.add_port(self._server, where, credentials)
         except RuntimeError as err:
             raise BindError(f"{task}: cannot listen on {where}: {err}") from err
         if not self.port:
@@ -98,13 +111,22 @@ def serve_ps(
     stop: stopping.Stop,
     bind: str | None = None,
     metrics_port: int = 0,
+    credentials: TaskCredentials | None = None,
+    chief: tuple[str, int] = ("chief", 0),
 ) -> int:
     """Serves until the Shutdown RPC or `stop`; returns the process exit code: 0 after Shutdown
     (training is over), 128 + the signal after a stop (143 for SIGTERM): a ps stopped mid-job did
     not finish, so Kubernetes must not see a Succeeded pod that the operator would never replace
     (a node drain, an eviction)."""
     try:
-        server = PsServer(address=address, job_id=job_id, task=task, bind=bind)
+        server = PsServer(
+            address=address,
+            job_id=job_id,
+            task=task,
+            bind=bind,
+            credentials=credentials,
+            chief=chief,
+        )
     except BindError as err:
         log.error("%s", err)
         return 1

@@ -21,6 +21,7 @@ from jaxps_runtime import cluster, models, placement, stopping
 from jaxps_runtime.client import PsClient
 from jaxps_runtime.config import TrainingConfig
 from jaxps_runtime.coordinator import CoordinatorClient
+from jaxps_runtime.credentials import TaskCredentials
 from jaxps_runtime.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ class Task:
     job_id: str
     metrics: Metrics
     stop: stopping.Stop = field(default_factory=stopping.Stop)
+    credentials: TaskCredentials | None = None  # mutual TLS with the job's CA; None: plaintext
 
     @property
     def name(self) -> str:
@@ -100,6 +102,7 @@ class Task:
             job_id=self.job_id,
             task=self.name,
             stop=self.stop,
+            credentials=self.credentials,
         )
 
     def coordinator(self) -> CoordinatorClient:
@@ -109,6 +112,7 @@ class Task:
             task=self.name,
             incarnation=secrets.randbits(62) | 1,
             stop=self.stop,
+            credentials=self.credentials,
         )
 
     @functools.cached_property

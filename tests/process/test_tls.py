@@ -1,0 +1,133 @@
+"""Mutual TLS between real processes: a job trains while strangers and wrong roles are refused.
+
+The job runs with its own CA (`launch.LocalJob.start(tls=True)`); the attacks come from this
+test process, each over a real gRPC channel to ps-0 while training goes on.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from jaxps.v1 import parameter_server_pb2 as ps_pb2
+from jaxps.v1 import tensor_pb2
+from jaxps_runtime import credentials, launch, rpc
+from tests.process.waiting import wait_for
+
+pytestmark = pytest.mark.process
+JOB = "tls-job"
+TRAINING = {
+    "model": {"name": "mlp"},
+    "mode": "sync",
+    "steps": 400,
+    "batchSize": 32,
+    "optimizer": {"name": "adam", "kwargs": {"learning_rate": 0.01}},
+    "logEverySeconds": 1,
+}
+
+
+def refusal(call: Callable[[], Any]) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    code: grpc.StatusCode = caught.value.code()
+    return code
+
+
+def status(channel: grpc.Channel) -> Any:
+    calls = rpc.PARAMETER_SERVER.callables(channel)
+    return calls["Status"](ps_pb2.StatusRequest(id=tensor_pb2.Identity(job_id=JOB)), timeout=5)
+
+
+def serving(address: str, creds: credentials.TaskCredentials) -> bool:
+    try:
+        with rpc.channel(address, creds) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=5
+            )
+    except grpc.RpcError:
+        return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def test_strangers_and_wrong_roles_are_refused_while_the_job_trains_to_the_end(
+    jobs: list[launch.LocalJob], tmp_path: Path
+) -> None:
+    job = launch.LocalJob.start(
+        training=TRAINING, log_dir=tmp_path / "logs", job_id=JOB, ps=2, workers=2, tls=True
+    )
+    jobs.append(job)
+    ps0 = job.spec["ps"][0]
+    chief = credentials.TaskCredentials.load(job.tls_dir("worker-0"))
+    worker = credentials.TaskCredentials.load(job.tls_dir("worker-1"))
+    ps1 = credentials.TaskCredentials.load(job.tls_dir("ps-1"))
+    wait_for(lambda: serving(ps0, chief), job, timeout=120, what="ps-0 serving over mutual TLS")
+    with rpc.channel(ps0, chief) as channel:
+        assert status(channel).id.job_id == JOB  # the chief's own certificate is let in
+
+    # no certificate: plaintext, and TLS without a client certificate
+    with rpc.channel(ps0) as plain:
+        assert refusal(lambda: status(plain)) == grpc.StatusCode.UNAVAILABLE
+    anonymous = grpc.secure_channel(ps0, grpc.ssl_channel_credentials(root_certificates=chief.ca))
+    with anonymous:
+        assert refusal(lambda: status(anonymous)) == grpc.StatusCode.UNAVAILABLE
+    # a certificate of another job's CA, even one naming this job's chief
+    other_ca = credentials.authority("another-job")
+    impostor = credentials.issue(
+        other_ca, credentials.Identity(job=JOB, role="worker", index=0), hosts=["127.0.0.1"]
+    )
+    with rpc.channel(ps0, impostor) as channel:
+        assert refusal(lambda: status(channel)) == grpc.StatusCode.UNAVAILABLE
+    # this job's certificates, used beyond their role
+    with rpc.channel(ps0, worker) as channel:
+        calls = rpc.PARAMETER_SERVER.callables(channel)
+        ident = tensor_pb2.Identity(job_id=JOB, task="worker-1")
+        assert (
+            refusal(lambda: calls["Shutdown"](ps_pb2.ShutdownRequest(id=ident), timeout=5))
+            == grpc.StatusCode.PERMISSION_DENIED
+        )
+        assert (
+            refusal(lambda: calls["Init"](ps_pb2.InitRequest(id=ident), timeout=5))
+            == grpc.StatusCode.PERMISSION_DENIED
+        )
+    with rpc.channel(ps0, ps1) as channel:
+        assert refusal(lambda: status(channel)) == grpc.StatusCode.PERMISSION_DENIED
+    # random bytes to every method, with a worker's certificate: refused, the ps serves on
+    with rpc.channel(ps0, worker) as channel:
+        for spec in rpc.PARAMETER_SERVER.methods.values():
+            junk = os.urandom(257)
+            call = getattr(channel, spec.kind)(spec.path)
+
+            def send(call: Any = call, junk: bytes = junk, spec: Any = spec) -> Any:
+                reply = call(iter([junk]) if spec.client_streaming else junk, timeout=5)
+                return list(reply) if spec.server_streaming else reply
+
+            assert refusal(send) != grpc.StatusCode.OK
+    assert serving(ps0, chief)
+
+    codes = job.wait(timeout=300)
+    assert all(code == 0 for code in codes.values()), f"{codes}\n{job.logs()}"
+    summary = job.summary()
+    assert summary["step"] == TRAINING["steps"]
+    assert summary["eval"]["accuracy"] >= 0.9
+    assert "PLAINTEXT" not in job.logs()
+
+
+def test_a_task_given_another_tasks_certificate_refuses_to_start(tmp_path: Path) -> None:
+    job = launch.LocalJob.start(
+        training=TRAINING,
+        log_dir=tmp_path / "logs",
+        job_id=JOB,
+        ps=1,
+        workers=1,
+        tls=True,
+        order=[],
+    )
+    proc = job.start_task("ps-0", env={"JAXPS_TLS_DIR": str(job.tls_dir("worker-0"))})
+    assert proc.wait(timeout=60) == 2
+    assert "the certificate is for worker 0 of job tls-job" in job.logs()

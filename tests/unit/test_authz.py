@@ -1,0 +1,106 @@
+"""Who may call what: the authorization table by method and role; identities in certificates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jaxps_runtime import authz, credentials, rpc
+from jaxps_runtime.credentials import Identity
+
+CHIEF_ONLY = ("Init", "Assign", "Restore", "Save", "SetWorkers", "Shutdown")
+TRAINERS = ("Push", "PushPull", "SparsePush")
+READERS = ("Status", "Pull", "PullPacked", "SparsePull")
+PS = "/jaxps.v1.ParameterServer/"
+COORDINATOR = "/jaxps.v1.Coordinator/"
+
+
+def who(role: str, index: int = 0, job: str = "j") -> Identity:
+    return Identity(job=job, role=role, index=index)
+
+
+@pytest.mark.parametrize(
+    ("caller", "chief", "allowed"),
+    [
+        (who("chief"), ("chief", 0), set(CHIEF_ONLY + TRAINERS + READERS)),
+        (who("worker", 0), ("worker", 0), set(CHIEF_ONLY + TRAINERS + READERS)),
+        (who("worker", 0), ("chief", 0), set(TRAINERS + READERS)),
+        (who("worker", 3), ("chief", 0), set(TRAINERS + READERS)),
+        (who("evaluator"), ("chief", 0), set(READERS)),
+        (who("ps", 1), ("chief", 0), set()),
+        (who("chief", job="another"), ("chief", 0), set()),
+    ],
+    ids=[
+        "chief",
+        "worker-0-as-chief",
+        "worker-0-with-a-chief",
+        "worker-3",
+        "evaluator",
+        "ps",
+        "another-job",
+    ],
+)
+def test_every_parameter_server_method_by_role(
+    caller: Identity, chief: tuple[str, int], allowed: set[str]
+) -> None:
+    for method in rpc.PARAMETER_SERVER.methods:
+        assert authz.allowed(PS + method, caller, job="j", chief=chief) == (method in allowed), (
+            method
+        )
+
+
+def test_the_table_covers_every_method_of_both_services() -> None:
+    paths = {s.path for s in rpc.PARAMETER_SERVER.methods.values()}
+    paths |= {s.path for s in rpc.COORDINATOR.methods.values()}
+    assert paths == set(authz.TABLE)
+
+
+def test_the_chief_workers_and_the_evaluator_register_and_heartbeat_a_ps_does_not() -> None:
+    for method in ("Register", "Heartbeat"):
+        path = COORDINATOR + method
+        assert authz.allowed(path, who("worker", 1), job="j", chief=("worker", 0))
+        assert authz.allowed(path, who("evaluator"), job="j", chief=("worker", 0))
+        assert authz.allowed(path, who("worker", 0), job="j", chief=("worker", 0))
+        assert not authz.allowed(path, who("ps"), job="j", chief=("worker", 0))
+        assert not authz.allowed(path, None, job="j", chief=("worker", 0))
+
+
+def test_an_unknown_method_is_allowed_to_nobody() -> None:
+    assert not authz.allowed(PS + "Nope", who("chief"), job="j", chief=("chief", 0))
+
+
+def test_a_certificate_names_its_task_and_hosts_and_hides_its_key() -> None:
+    ca = credentials.authority("uid-1")
+    issued = credentials.issue(
+        ca, who("worker", 2, job="uid-1"), hosts=["tj-worker-2.tj.ns.svc", "127.0.0.1"]
+    )
+    assert issued.identity() == who("worker", 2, job="uid-1")
+    assert "PRIVATE" not in repr(issued)
+    assert "PRIVATE" not in repr(ca)
+    assert credentials.identity_of(b"not a certificate") is None
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["jaxps://j/ps", "jaxps://j/master/0", "jaxps://j/ps/x", "spiffe://j/ps/0", "jaxps:///ps/0"],
+)
+def test_uris_that_name_no_task_are_refused(uri: str) -> None:
+    assert Identity.parse(uri) is None
+
+
+def test_a_credentials_directory_round_trips_and_names_what_is_wrong(tmp_path: object) -> None:
+
+    directory = Path(str(tmp_path)) / "creds"
+    ca = credentials.authority("uid-1")
+    issued = credentials.issue(ca, who("ps", 0, job="uid-1"), hosts=["127.0.0.1"])
+    issued.write(directory)
+    assert (directory / credentials.KEY_FILE).stat().st_mode & 0o777 == 0o600
+    assert credentials.TaskCredentials.load(directory) == issued
+    other = credentials.issue(ca, who("ps", 1, job="uid-1"), hosts=["127.0.0.1"])
+    (directory / credentials.KEY_FILE).write_bytes(other.key)
+    with pytest.raises(credentials.CredentialsError, match=r"is not the key of tls\.crt"):
+        credentials.TaskCredentials.load(directory)
+    (directory / credentials.CA_FILE).unlink()
+    with pytest.raises(credentials.CredentialsError, match=r"ca\.crt: cannot read it"):
+        credentials.TaskCredentials.load(directory)
