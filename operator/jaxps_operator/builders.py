@@ -1,6 +1,8 @@
 """The children of a TrainingJob, built from the job and what the cluster gives it.
 
     service(job)                                        -> the headless Service
+    secret(job, files)                                  -> the Secret of the job's credentials
+    network_policy(job)                                 -> only the job's pods reach its pods
     pod(job, role, index, network=..., image=...)       -> the pod of one task
 
 Pure functions: everything a pod needs comes in as input (the job with its defaults, the
@@ -8,10 +10,15 @@ addresses of every task and each task's metrics port from `Network`, the image t
 template names none), and the backends create what they get, unchanged. Kubernetes' network is
 `<job>-<role>-<i>.<job>.<ns>.svc:2222` with the metrics port of the template (`dns_network`); the
 local backend gives 127.0.0.1 and free ports.
+
+Every task gets its credentials for mutual TLS (JAXPS_TLS_DIR): on Kubernetes the job's Secret
+mounted read-only, with only the task's own certificate and key and the job's CA in it; locally
+a directory of the work directory (`Network.tls_dirs`).
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from collections.abc import Mapping
@@ -39,7 +46,13 @@ RESERVED_ENV = (
     "JAXPS_JOB_NAME",
     "JAXPS_JOB_UID",
     "JAXPS_METRICS_PORT",
+    "JAXPS_TLS_DIR",
 )
+TLS_DIR = "/var/run/jaxps/tls"  # where a pod's credentials are mounted
+TLS_VOLUME = "jaxps-tls"
+RUNTIME_GID = 65532  # docker/runtime.Dockerfile's USER
+CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"
+OPERATOR_LABELS = {"app.kubernetes.io/name": "jaxps"}  # the chart's operator pods
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,7 @@ class Network:
 
     addresses: Mapping[str, list[str]]
     metrics_ports: Mapping[str, int] = field(default_factory=dict)
+    tls_dirs: Mapping[str, str] = field(default_factory=dict)  # pod -> its credentials (local)
 
 
 def replicas(job: Mapping[str, Any]) -> dict[str, int]:
@@ -133,6 +147,66 @@ def service(job: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def secret_name(job: Mapping[str, Any]) -> str:
+    """One per job incarnation: a job deleted and created again never mounts the old one."""
+    uid = str(job["metadata"].get("uid") or "")
+    return f"{job['metadata']['name']}-tls-{uid[:8]}" if uid else f"{job['metadata']['name']}-tls"
+
+
+def cert_key(pod: str) -> str:
+    return f"{pod}.crt"
+
+
+def key_key(pod: str) -> str:
+    return f"{pod}.key"
+
+
+def secret(job: Mapping[str, Any], files: Mapping[str, bytes]) -> dict[str, Any]:
+    """The job's credentials: its CA (`ca.crt`) and each task's `<pod>.crt` and `<pod>.key`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": secret_name(job),
+            "labels": labels(job),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "data": {k: base64.b64encode(v).decode() for k, v in sorted(files.items())},
+    }
+
+
+def network_policy(job: Mapping[str, Any]) -> dict[str, Any]:
+    """Ingress to the job's pods from its own pods only, and from the operator to the metrics
+    port (status.progress). A CNI that enforces NetworkPolicies makes it so."""
+    own = {"matchLabels": labels(job)}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": job["metadata"]["name"],
+            "labels": labels(job),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "podSelector": own,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": own}]},
+                {
+                    "from": [
+                        {
+                            "namespaceSelector": {},
+                            "podSelector": {"matchLabels": dict(OPERATOR_LABELS)},
+                        }
+                    ],
+                    "ports": [{"protocol": "TCP", "port": "metrics"}],
+                },
+            ],
+        },
+    }
+
+
 def template_metrics_port(container: Mapping[str, Any]) -> int:
     """The container's port named `metrics` (a template may choose it), else 9090."""
     for port in container.get("ports") or []:
@@ -176,8 +250,31 @@ def pod(
         {"name": "JAXPS_JOB_NAME", "value": job["metadata"]["name"]},
         {"name": "JAXPS_JOB_UID", "value": job["metadata"].get("uid") or job["metadata"]["name"]},
         {"name": "JAXPS_METRICS_PORT", "value": str(metrics)},
+        {"name": "JAXPS_TLS_DIR", "value": network.tls_dirs.get(name, TLS_DIR)},
     ]
     main["env"] = env
+    if name not in network.tls_dirs:  # the Secret, with this task's files only
+        pod_spec.setdefault("volumes", []).append(
+            {
+                "name": TLS_VOLUME,
+                "secret": {
+                    "secretName": secret_name(job),
+                    # root-owned, group fsGroup: every process of the pod may read, no other
+                    "defaultMode": 0o440,
+                    "items": [
+                        {"key": CA_FILE, "path": CA_FILE},
+                        {"key": cert_key(name), "path": CERT_FILE},
+                        {"key": key_key(name), "path": KEY_FILE},
+                    ],
+                },
+            }
+        )
+        main.setdefault("volumeMounts", []).append(
+            {"name": TLS_VOLUME, "mountPath": TLS_DIR, "readOnly": True}
+        )
+        # the runtime image's group, unless the template chose one: Kubernetes adds it to
+        # every process of the pod and gives it the Secret's files
+        pod_spec.setdefault("securityContext", {}).setdefault("fsGroup", RUNTIME_GID)
     grpc_port = int(network.addresses[role][index].rsplit(":", 1)[1])
     ports = [
         p

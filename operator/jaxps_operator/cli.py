@@ -218,6 +218,7 @@ def run_operator(args: argparse.Namespace) -> int:
             peering=args.peering,
             priority=args.priority,
             image=args.runtime_image,
+            network_policy=args.network_policy,
         )
     )
     return EXIT_SUCCEEDED
@@ -298,6 +299,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=builders.DEFAULT_IMAGE,
         metavar="IMAGE",
         help=f"the image of task pods whose template names none (default {builders.DEFAULT_IMAGE})",
+    )
+    ops.add_argument(
+        "--network-policy",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="give every job a NetworkPolicy that admits only its own pods (and the operator to "
+        "their metrics) (default: on)",
     )
     ops.set_defaults(run=run_operator)
     args = parser.parse_args(argv)

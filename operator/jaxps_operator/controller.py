@@ -50,6 +50,7 @@ class Options:
     peering: str | None = None  # None: standalone (one replica)
     priority: int = 0
     image: str = builders.DEFAULT_IMAGE  # the runtime image of pods whose template names none
+    network_policy: bool = True  # a NetworkPolicy per job: only its own pods reach its pods
 
 
 class Metrics:
@@ -95,6 +96,7 @@ class Reconciler:
     metrics: Metrics
     progress_interval: float = 10.0
     image: str = builders.DEFAULT_IMAGE
+    network_policy: bool = True
     validator: reconcile.Validator = field(default_factory=reconcile.Validator)
     pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(CHILD_CALLS, thread_name_prefix="jaxps-child")
@@ -110,6 +112,7 @@ class Reconciler:
             image=self.image,
             progress_interval=self.progress_interval,
             parallel=self.pool.map,
+            network_policy=self.network_policy,
         )
         for role, _ in outcome.replaced:
             self.metrics.replacements.labels(role=role).inc()
@@ -343,10 +346,11 @@ def run(options: Options) -> None:
     controller = Controller(
         options=options,
         reconciler=Reconciler(
-            cluster=kube.KubeCluster(),
+            cluster=kube.KubeCluster(network_policies=options.network_policy),
             metrics=metrics,
             progress_interval=options.progress_interval,
             image=options.image,
+            network_policy=options.network_policy,
         ),
         metrics=metrics,
     )

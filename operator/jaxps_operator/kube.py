@@ -20,7 +20,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from jaxps_operator import builders, progress
+from jaxps_operator import builders, issuer, progress
 from jaxps_operator.conditions import Event
 from jaxps_operator.objects import PodState
 from jaxps_operator.reconcile import Children, ConflictError
@@ -92,22 +92,52 @@ def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
 class KubeCluster:
     """The `Cluster` of the API server the client is configured for. Thread-safe."""
 
-    def __init__(self, api_client: client.ApiClient | None = None) -> None:
+    def __init__(
+        self, api_client: client.ApiClient | None = None, *, network_policies: bool = True
+    ) -> None:
+        """`network_policies`: whether jobs get one (else they are never read: no RBAC)."""
+        self.network_policies = network_policies
         self.client = api_client or client.ApiClient()
         self.core = client.CoreV1Api(self.client)
         self.custom = client.CustomObjectsApi(self.client)
+        self.networking = client.NetworkingV1Api(self.client)
         self.reads = ThreadPoolExecutor(4, thread_name_prefix="jaxps-read")
 
     # --- the port -----------------------------------------------------------------------------
 
     def children(self, job: Mapping[str, Any]) -> Children:
         meta = job["metadata"]
-        pods = self.reads.submit(
-            self.list_pods, meta["namespace"], f"{builders.LABEL_JOB}={meta['name']}"
+        namespace = meta["namespace"]
+        pods = self.reads.submit(self.list_pods, namespace, f"{builders.LABEL_JOB}={meta['name']}")
+        secret = self.reads.submit(
+            self._exists, self.core.read_namespaced_secret, namespace, builders.secret_name(job)
         )
-        service = self.service_exists(meta["namespace"], meta["name"])
+        policy = self.reads.submit(
+            lambda: (
+                not self.network_policies
+                or self._exists(
+                    self.networking.read_namespaced_network_policy, namespace, meta["name"]
+                )
+            )
+        )
+        service = self.service_exists(namespace, meta["name"])
         states = [s for p in pods.result() if (s := pod_state(p, meta.get("uid", ""))) is not None]
-        return Children(pods=states, service=service)
+        return Children(
+            pods=states, service=service, secret=secret.result(), network_policy=policy.result()
+        )
+
+    def credentials(self, job: Mapping[str, Any], network: builders.Network) -> dict[str, bytes]:
+        return issuer.issue(job, network)
+
+    @staticmethod
+    def _exists(read: Any, namespace: str, name: str) -> bool:
+        try:
+            read(name, namespace, _preload_content=False)
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        return True
 
     def network(self, job: Mapping[str, Any]) -> builders.Network:
         return builders.dns_network(job)
@@ -185,13 +215,15 @@ class KubeCluster:
         return True
 
     def create(self, job: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
-        """Creates a Pod or Service in the job's namespace; False when it already exists."""
+        """Creates a Pod, the Service, Secret or NetworkPolicy in the job's namespace; False
+        when it already exists."""
         namespace = job["metadata"]["namespace"]
-        create = (
-            self.core.create_namespaced_pod
-            if manifest["kind"] == "Pod"
-            else self.core.create_namespaced_service
-        )
+        create: Any = {
+            "Pod": self.core.create_namespaced_pod,
+            "Service": self.core.create_namespaced_service,
+            "Secret": self.core.create_namespaced_secret,
+            "NetworkPolicy": self.networking.create_namespaced_network_policy,
+        }[manifest["kind"]]
         body: Any = dict(manifest)  # the client takes plain dicts as well as its models
         try:
             create(namespace, body, _preload_content=False)

@@ -5,7 +5,9 @@ job: the stored job is a dict; a created pod is `python -m jaxps_runtime` (its c
 command) with the pod's environment exactly as the builder made it, plus what a node gives a
 container (JAX_PLATFORMS=cpu unless set, the runtime on PYTHONPATH, JAXPS_TERMINATION_LOG: its
 termination-message file); the Service is the job's port table: every task gets 127.0.0.1 and
-two free ports (gRPC, metrics), all reserved at once so no two tasks share one; a deleted pod
+two free ports (gRPC, metrics), all reserved at once so no two tasks share one; the Secret is
+the job's credentials, issued at start into `tls/<pod>` of the work directory (each task's
+directory holds its own key and the CA only; keys readable by their owner); a deleted pod
 is a process sent SIGTERM (SIGKILL after a grace period); a process that exits is a pod
 Succeeded (0) or Failed (its exit code; death by signal N is 128 + N, as Kubernetes reports it).
 One log per task in the work directory. Nothing is left running when `run` returns, Ctrl-C
@@ -31,10 +33,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from jaxps_operator import builders, progress, reconcile
+from jaxps_operator import builders, issuer, progress, reconcile
 from jaxps_operator.conditions import TERMINAL, Event
 from jaxps_operator.objects import PodState
 from jaxps_operator.reconcile import Children
+from jaxps_runtime import credentials
 
 GRACE_SECONDS = 10.0
 TICK_SECONDS = 0.25
@@ -129,6 +132,7 @@ class LocalCluster:
         names = [builders.pod_name(self.job, r, i) for r, i in builders.tasks(self.job)]
         ports = free_ports(2 * len(names))
         self.ports = {n: (ports[2 * k], ports[2 * k + 1]) for k, n in enumerate(names)}
+        self._write_credentials(self.credentials(self.job, self.network(self.job)))
 
     # --- the port -----------------------------------------------------------------------------
 
@@ -159,7 +163,7 @@ class LocalCluster:
                     metrics=f"127.0.0.1:{self.ports[name][1]}" if code is None else None,
                 )
             )
-        return Children(pods=pods, service=self.service is not None)
+        return Children(pods=pods, service=self.service is not None)  # credentials: made at start
 
     def network(self, job: Mapping[str, Any]) -> builders.Network:
         return builders.Network(
@@ -171,7 +175,11 @@ class LocalCluster:
                 for role, count in builders.replicas(job).items()
             },
             metrics_ports={name: metrics for name, (_, metrics) in self.ports.items()},
+            tls_dirs={name: str(self.tls_dir(name)) for name in self.ports},
         )
+
+    def credentials(self, job: Mapping[str, Any], network: builders.Network) -> dict[str, bytes]:
+        return issuer.issue(job, network)
 
     def create(self, job: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
         name = manifest["metadata"]["name"]
@@ -212,6 +220,19 @@ class LocalCluster:
         return progress.read_metrics(pod.metrics) if pod.metrics else {}
 
     # --- processes ----------------------------------------------------------------------------
+
+    def tls_dir(self, pod: str) -> Path:
+        return self.workdir / "tls" / pod
+
+    def _write_credentials(self, files: Mapping[str, bytes]) -> None:
+        """Each task's directory: the CA, its certificate and its key, as its Secret volume
+        would hold them on Kubernetes."""
+        for pod in self.ports:
+            credentials.TaskCredentials(
+                ca=files[builders.CA_FILE],
+                cert=files[builders.cert_key(pod)],
+                key=files[builders.key_key(pod)],
+            ).write(self.tls_dir(pod))
 
     def _start(self, manifest: Mapping[str, Any]) -> None:
         name = manifest["metadata"]["name"]

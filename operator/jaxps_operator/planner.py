@@ -12,8 +12,9 @@ same Plan. One pass, in order:
 1. suspend (`policy.suspend`): a suspended job's pods are deleted, none created;
 2. the deadline (`policy.deadline`), then the training configuration: a `spec.training` the
    runtime would refuse fails the job before any pod starts (InvalidTraining);
-3. children (`builders`): the headless Service and every missing pod; a pod is never recreated
-   while its predecessor is still terminating;
+3. children (`builders`): the headless Service, the Secret of the job's credentials and its
+   NetworkPolicy when missing, and every missing pod; a pod is never recreated while its
+   predecessor is still terminating;
 4. failed pods (`policy.restart`): replaced, or the job fails;
 5. success (`policy.success`), then the Restarting, Running and PodsReady conditions;
 6. once finished: `policy.cleanup` and the TTL (`policy.deadline`).
@@ -71,8 +72,12 @@ def plan(
     network: builders.Network,
     service_exists: bool = True,
     image: str = builders.DEFAULT_IMAGE,
+    credentials: Mapping[str, bytes] | None = None,
+    network_policy: bool = False,
 ) -> Plan:
-    """The Plan for `job` (validated, defaults applied) given its pods at `now` (aware UTC)."""
+    """The Plan for `job` (validated, defaults applied) given its pods at `now` (aware UTC).
+    `credentials`: the files of the job's Secret when it has none yet (it is created then);
+    `network_policy`: the job's NetworkPolicy is to be created."""
     out = Plan()
     generation = int(job["metadata"].get("generation", 1))
     status = Status(copy.deepcopy(dict(job.get("status") or {})), now=now, generation=generation)
@@ -97,6 +102,8 @@ def plan(
             network=network,
             service_exists=service_exists,
             image=image,
+            credentials=credentials,
+            network_policy=network_policy,
         )
     if status.finished:
         cleanup.apply(job, pods=observed, plan=out)
@@ -116,6 +123,8 @@ def _run(
     network: builders.Network,
     service_exists: bool,
     image: str,
+    credentials: Mapping[str, bytes] | None,
+    network_policy: bool,
 ) -> None:
     if suspend.apply(job, pods=observed, status=status, plan=out):
         return
@@ -133,6 +142,10 @@ def _run(
         return
     if not service_exists:
         out.create.append(builders.service(job))
+    if credentials is not None:
+        out.create.append(builders.secret(job, credentials))
+    if network_policy:
+        out.create.append(builders.network_policy(job))
 
     pods = {(p.role, p.index): p for p in observed}
     restarting: list[str] = []

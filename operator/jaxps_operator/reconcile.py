@@ -32,10 +32,13 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class Children:
-    """A job's children as observed: its pods and whether its Service exists."""
+    """A job's children as observed: its pods, and whether its Service, the Secret of its
+    credentials and its NetworkPolicy exist."""
 
     pods: list[PodState]
     service: bool
+    secret: bool = True
+    network_policy: bool = True
 
 
 class ConflictError(Exception):
@@ -53,6 +56,9 @@ class Cluster(Protocol):
 
     def network(self, job: Mapping[str, Any]) -> builders.Network:
         """Where the job's tasks are: what its pods' TF_CONFIG names."""
+
+    def credentials(self, job: Mapping[str, Any], network: builders.Network) -> dict[str, bytes]:
+        """Fresh credentials for a job that has none: the files of its Secret."""
 
     def create(self, job: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
         """Creates a Pod or the Service; False when it already exists."""
@@ -145,10 +151,11 @@ def reconcile(
     image: str = builders.DEFAULT_IMAGE,
     progress_interval: float | None = None,
     parallel: Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]] = in_order,
+    network_policy: bool = False,
 ) -> Outcome:
     """One pass over job `namespace/name`. `parallel` maps a call over the deletes, then over
     the creates (a thread pool's `map` on Kubernetes); `progress_interval` asks for another
-    pass that soon while the chief runs."""
+    pass that soon while the chief runs; `network_policy` gives the job a NetworkPolicy."""
     raw = cluster.get_job(namespace, name)
     if raw is None or raw["metadata"].get("deletionTimestamp"):
         validator.forget(namespace, name)
@@ -161,13 +168,17 @@ def reconcile(
             cluster.post_event(raw, Event("Warning", "InvalidSpec", str(err)))
         return Outcome(state=(raw.get("status") or {}).get("state", "Created"))
     children = cluster.children(job)
+    network = cluster.network(job)
+    finished = (job["status"].get("state") or "") in TERMINAL
     plan = planner.plan(
         job,
         children.pods,
         now,
-        network=cluster.network(job),
+        network=network,
         service_exists=children.service,
         image=image,
+        credentials=None if children.secret or finished else cluster.credentials(job, network),
+        network_policy=network_policy and not children.network_policy,
     )
     gone = list(parallel(lambda n: cluster.delete_pod(job, n), plan.delete))
     deleted = [n for n, ok in zip(plan.delete, gone, strict=True) if ok]

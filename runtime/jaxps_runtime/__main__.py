@@ -52,6 +52,13 @@ def _arguments(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         "with every peer (default: JAXPS_TLS_DIR; unset: plaintext, unprotected)",
     )
     parser.add_argument(
+        "--insecure",
+        action="store_true",
+        default=os.environ.get("JAXPS_INSECURE", "").lower() in ("1", "true", "yes"),
+        help="without credentials, run in plaintext: any peer that reaches the task may call "
+        "it; only for a trusted network (default: JAXPS_INSECURE)",
+    )
+    parser.add_argument(
         "--training",
         type=Path,
         help="the training configuration as a JSON or YAML file (default: JAXPS_TRAINING)",
@@ -116,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if task.type == cluster.PS:
             _ps_xla_threads(os.environ)
         metrics_port = _metrics_port(os.environ)
-        credentials = _credentials(args.tls_dir, task=task, job_id=job_id)
+        credentials = _credentials(args.tls_dir, task=task, job_id=job_id, insecure=args.insecure)
     except (cluster.ClusterSpecError, CredentialsError) as err:
         print(f"jaxps_runtime: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -136,11 +143,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _credentials(
-    directory: Path | None, *, task: cluster.TaskSpec, job_id: str
+    directory: Path | None, *, task: cluster.TaskSpec, job_id: str, insecure: bool
 ) -> TaskCredentials | None:
-    """The task's credentials, which must name this very task of this job; None (with a
-    warning) when none are given: every channel is then plaintext and unauthenticated."""
+    """The task's credentials, which must name this very task of this job. None only when
+    told so (`insecure`), with a warning: every channel is then plaintext and unauthenticated."""
     if directory is None:
+        if not insecure:
+            raise CredentialsError(
+                "no credentials: give the task its certificate with --tls-dir DIR (or "
+                "JAXPS_TLS_DIR: ca.crt, tls.crt, tls.key of its job's CA), or run it in "
+                "plaintext on a trusted network with --insecure (or JAXPS_INSECURE=1)"
+            )
         log.warning(
             "%s: no credentials (--tls-dir, JAXPS_TLS_DIR): task-to-task traffic is PLAINTEXT "
             "and any peer that reaches this task can call it; only for a trusted network",

@@ -46,6 +46,7 @@ def runtime_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     paths = [str(RUNTIME_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env.setdefault("JAX_PLATFORMS", "cpu")
+    env.setdefault("JAXPS_INSECURE", "1")  # tasks given credentials (tls=True) use them
     env.update(extra or {})
     return env
 

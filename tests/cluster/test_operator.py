@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from jaxps_runtime import cluster as tfcluster
@@ -379,3 +380,53 @@ def test_a_task_refusing_its_training_fails_the_job_with_no_replacement(jobs: Jo
         None,
         uids_before["mnist-worker-1"],
     )  # never replaced
+
+
+def test_the_jobs_secret_and_network_policy_are_owned_mounted_and_go_with_the_job(
+    jobs: Jobs,
+) -> None:
+    created = jobs.apply(mnist())
+    uid = created["metadata"]["uid"]
+    pods = jobs.wait_pods("mnist", 4)
+    core, net = jobs.cluster.core, client.NetworkingV1Api(jobs.cluster.core.api_client)
+    name = f"mnist-tls-{uid[:8]}"
+    secret = wait_for(
+        lambda: _read(lambda: core.read_namespaced_secret(name, jobs.namespace)),
+        what=f"the Secret {name}",
+    )
+    policy = wait_for(
+        lambda: _read(lambda: net.read_namespaced_network_policy("mnist", jobs.namespace)),
+        what="the NetworkPolicy mnist",
+    )
+    for owned in (secret, policy):
+        assert owned.metadata.owner_references[0].uid == uid
+    assert set(secret.data) == {"ca.crt"} | {f"{p}.{e}" for p in PODS for e in ("crt", "key")}
+    assert policy.spec.pod_selector.match_labels == {"jaxps.dev/job-name": "mnist"}
+    for pod_name, pod in pods.items():
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "jaxps-tls")
+        assert volume["secret"]["secretName"] == name
+        assert {i["key"] for i in volume["secret"]["items"]} == {
+            "ca.crt",
+            f"{pod_name}.crt",
+            f"{pod_name}.key",
+        }  # its own key only
+    jobs.cluster.custom.delete_namespaced_custom_object(
+        GROUP, VERSION, jobs.namespace, PLURAL, "mnist", propagation_policy="Background"
+    )
+
+    def gone() -> bool:
+        return (
+            _read(lambda: core.read_namespaced_secret(name, jobs.namespace)) is None
+            and _read(lambda: net.read_namespaced_network_policy("mnist", jobs.namespace)) is None
+        )
+
+    wait_for(gone, timeout=120, what="the garbage collector to delete the Secret and policy")
+
+
+def _read(read: Any) -> Any:
+    try:
+        return read()
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise

@@ -7,6 +7,8 @@ test process, each over a real gRPC channel to ps-0 while training goes on.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import credentials, launch, rpc
+from jaxps_runtime import cluster, credentials, launch, rpc
 from tests.process.waiting import wait_for
 
 pytestmark = pytest.mark.process
@@ -131,3 +133,23 @@ def test_a_task_given_another_tasks_certificate_refuses_to_start(tmp_path: Path)
     proc = job.start_task("ps-0", env={"JAXPS_TLS_DIR": str(job.tls_dir("worker-0"))})
     assert proc.wait(timeout=60) == 2
     assert "the certificate is for worker 0 of job tls-job" in job.logs()
+
+
+def test_a_task_without_credentials_runs_in_plaintext_only_when_told(tmp_path: Path) -> None:
+    tf_config = cluster.build_tf_config(
+        cluster={"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, task_type="ps", task_index=0
+    )
+    env = launch.runtime_env({"TF_CONFIG": tf_config})
+    env.pop("JAXPS_INSECURE")
+    env.pop("JAXPS_TLS_DIR", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "jaxps_runtime"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "no credentials" in done.stderr
+    assert "--insecure" in done.stderr

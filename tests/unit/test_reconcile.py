@@ -7,6 +7,7 @@ check what the pass wrote, created, deleted and posted.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import threading
@@ -17,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from jaxps_operator import builders, reconcile, schema
+from jaxps_operator import builders, issuer, reconcile, schema
 from jaxps_operator.conditions import Event
 from jaxps_operator.objects import PodState
 from jaxps_operator.reconcile import Children, ConflictError
+from jaxps_runtime import credentials
 
 NOW = datetime(2026, 11, 23, 9, 0, 0, tzinfo=UTC)
 DONE = {"event": "done", "step": 50, "loss": 0.1, "eval": {"accuracy": 0.9}, "stepsPerSecond": 5.0}
@@ -33,6 +35,9 @@ class Memory:
     job: dict[str, Any] | None
     pods: dict[str, PodState] = field(default_factory=dict)
     service: bool = False
+    secrets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    policies: list[str] = field(default_factory=list)
+    issued: int = 0
     events: list[Event] = field(default_factory=list)
     status_writes: int = 0
     created: list[str] = field(default_factory=list)
@@ -43,7 +48,16 @@ class Memory:
         return copy.deepcopy(self.job)
 
     def children(self, job: Mapping[str, Any]) -> Children:
-        return Children(pods=list(self.pods.values()), service=self.service)
+        return Children(
+            pods=list(self.pods.values()),
+            service=self.service,
+            secret=bool(self.secrets),
+            network_policy=bool(self.policies),
+        )
+
+    def credentials(self, job: Mapping[str, Any], network: builders.Network) -> dict[str, bytes]:
+        self.issued += 1
+        return issuer.issue(job, network)
 
     def network(self, job: Mapping[str, Any]) -> builders.Network:
         return builders.dns_network(job)
@@ -54,6 +68,12 @@ class Memory:
         if manifest["kind"] == "Service":
             existed, self.service = self.service, True
             return not existed
+        if manifest["kind"] == "Secret":
+            self.secrets[name] = dict(manifest)
+            return True
+        if manifest["kind"] == "NetworkPolicy":
+            self.policies.append(name)
+            return True
         if name in self.pods:
             return False
         labels = manifest["metadata"]["labels"]
@@ -158,7 +178,7 @@ def test_a_new_job_gets_its_service_pods_and_one_status_write_per_change() -> No
     memory = Memory(manifest())
     run = Pass(memory)
     outcome = run()
-    assert memory.created == ["tj", "tj-ps-0", "tj-worker-0", "tj-worker-1"]
+    assert memory.created == ["tj", "tj-tls-u-1", "tj-ps-0", "tj-worker-0", "tj-worker-1"]
     assert memory.status_writes == 1
     assert outcome.state == "Created"
     assert memory.reasons() == ["JobCreated", "Created"]
@@ -166,7 +186,8 @@ def test_a_new_job_gets_its_service_pods_and_one_status_write_per_change() -> No
     assert memory.status_writes == 2
     run()
     assert memory.status_writes == 2  # nothing changed: nothing written
-    assert memory.created == ["tj", "tj-ps-0", "tj-worker-0", "tj-worker-1"]
+    assert memory.created == ["tj", "tj-tls-u-1", "tj-ps-0", "tj-worker-0", "tj-worker-1"]
+    assert memory.issued == 1  # credentials are issued once per job
 
 
 def test_a_running_chief_fills_the_progress_and_asks_for_the_next_read() -> None:
@@ -353,3 +374,43 @@ def test_the_operator_counts_replacements_by_the_role_of_the_replaced_pod() -> N
     count = metrics.registry.get_sample_value
     assert count("jaxps_operator_pod_replacements_total", {"role": "ps"}) == 1
     assert count("jaxps_operator_pod_replacements_total", {"role": "worker"}) == 1
+
+
+def test_a_job_gets_one_secret_of_credentials_and_each_pod_mounts_only_its_own() -> None:
+    memory = Memory(manifest())
+    Pass(memory)(network_policy=True)
+    secret = memory.secrets["tj-tls-u-1"]
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    files = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    assert set(files) == {"ca.crt"} | {
+        f"tj-{t}.{e}" for t in ("ps-0", "worker-0", "worker-1") for e in ("crt", "key")
+    }
+    for name in ("tj-ps-0", "tj-worker-1"):
+        identity = credentials.identity_of(files[f"{name}.crt"])
+        assert identity is not None
+        assert (identity.job, f"tj-{identity.role}-{identity.index}") == ("u-1", name)
+    assert memory.policies == ["tj"]
+    assert "BEGIN" not in " ".join(e.message for e in memory.events)  # no key in an Event
+
+
+def test_pods_mount_their_own_certificate_and_key_and_the_ca_only() -> None:
+    j = schema.validate(manifest())
+    pod = builders.pod(j, "worker", 1, network=builders.dns_network(j))
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == builders.TLS_VOLUME)
+    assert volume["secret"]["secretName"] == "tj-tls-u-1"
+    assert {i["key"]: i["path"] for i in volume["secret"]["items"]} == {
+        "ca.crt": "ca.crt",
+        "tj-worker-1.crt": "tls.crt",
+        "tj-worker-1.key": "tls.key",
+    }
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env["JAXPS_TLS_DIR"] == builders.TLS_DIR
+    assert pod["spec"]["securityContext"]["fsGroup"] == builders.RUNTIME_GID
+
+
+def test_a_network_policy_admits_the_jobs_own_pods_and_the_operator_to_metrics() -> None:
+    policy = builders.network_policy(schema.validate(manifest()))
+    own = {"matchLabels": {builders.LABEL_JOB: "tj"}}
+    assert policy["spec"]["podSelector"] == own
+    assert policy["spec"]["ingress"][0] == {"from": [{"podSelector": own}]}
+    assert policy["spec"]["ingress"][1]["ports"] == [{"protocol": "TCP", "port": "metrics"}]

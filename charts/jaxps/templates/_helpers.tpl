@@ -44,6 +44,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create]
+{{- if .Values.networkPolicy.enabled }}
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create]
+{{- end }}
 {{- if gt (int .Values.replicas) 1 }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]
