@@ -113,6 +113,7 @@ bench: install control-plane ## Run the benchmarks (JSON lines on stdout)
 	$(PY) bench/training.py
 	$(PY) bench/recovery.py
 	$(PY) bench/operator.py
+	$(PY) bench/vs_tensorflow.py --rounds 3   # without TensorFlow: mutual TLS against plaintext
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) $(TF_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -15,9 +15,13 @@ over both ps, read sparsely) in async mode. Per case it prints (one JSON object 
   last step; jaxps's chief reports it as `stepsPerSecond`); `ratio` = jaxps / TensorFlow.
 - `test_accuracy`: the median final test accuracy, so speed is compared at equal quality.
 - `job_seconds`: the median wall time from starting the processes to the last worker's exit.
+- `steps_per_second_tls`, `job_seconds_tls`: jaxps with mutual TLS between every task (as the
+  operator and `jaxps local` run it) against jaxps in plaintext (`--insecure`), same run; the
+  ratio is the cost of TLS (1.0: none). Without `--tf-python` only these are measured.
 
     make bench-tf       (builds .venv-tf with the pinned tensorflow-cpu, then runs this)
     python bench/vs_tensorflow.py --tf-python .venv-tf/bin/python [--rounds 3] [--cases mlp-sync]
+    python bench/vs_tensorflow.py [--rounds 3]      (TLS against plaintext only)
 """
 
 from __future__ import annotations
@@ -179,9 +183,11 @@ def run_tensorflow(python: str, case: dict[str, Any], data: Path, work: Path) ->
     }
 
 
-def run_jaxps(case: dict[str, Any], work: Path) -> dict[str, Any]:
+def run_jaxps(case: dict[str, Any], work: Path, *, tls: bool) -> dict[str, Any]:
     started = time.monotonic()
-    job = launch.LocalJob.start(training=jaxps_training(case), log_dir=work, ps=PS, workers=WORKERS)
+    job = launch.LocalJob.start(
+        training=jaxps_training(case), log_dir=work, ps=PS, workers=WORKERS, tls=tls
+    )
     try:
         codes = job.wait(timeout=900)
         seconds = time.monotonic() - started
@@ -215,30 +221,55 @@ def tf_version(python: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tf-python", required=True, help="python of the TensorFlow venv")
+    parser.add_argument(
+        "--tf-python", help="python of the TensorFlow venv (without: TLS against plaintext only)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="runs of each system per case")
     parser.add_argument("--cases", nargs="*", choices=sorted(CASES), default=list(CASES))
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds: got {args.rounds}; expected 1 or more")
-    baseline = f"tensorflow-{tf_version(args.tf_python)}-tf1-ps"
+    baseline = f"tensorflow-{tf_version(args.tf_python)}-tf1-ps" if args.tf_python else None
     for name in args.cases:
         case = CASES[name]
-        runs: dict[str, list[dict[str, Any]]] = {"tf": [], "jaxps": []}
+        runs: dict[str, list[dict[str, Any]]] = {"tf": [], "jaxps": [], "tls": []}
         with tempfile.TemporaryDirectory(prefix="jaxps-vs-tf-") as tmp:
             work = Path(tmp)
             data = work / "batches.npz"
             write_batches(case, data)
             for r in range(args.rounds):
-                runs["tf"].append(run_tensorflow(args.tf_python, case, data, work / f"tf-{r}"))
-                runs["jaxps"].append(run_jaxps(case, work / f"jaxps-{r}"))
+                if args.tf_python:
+                    runs["tf"].append(run_tensorflow(args.tf_python, case, data, work / f"tf-{r}"))
+                runs["jaxps"].append(run_jaxps(case, work / f"jaxps-{r}", tls=False))
+                runs["tls"].append(run_jaxps(case, work / f"tls-{r}", tls=True))
                 print(
                     f"{name} round {r + 1}/{args.rounds}: "
-                    f"tf {runs['tf'][-1]['steps_per_second']:.1f} steps/s, "
-                    f"jaxps {runs['jaxps'][-1]['steps_per_second']:.1f} steps/s",
+                    + (
+                        f"tf {runs['tf'][-1]['steps_per_second']:.1f} steps/s, "
+                        if runs["tf"]
+                        else ""
+                    )
+                    + f"jaxps {runs['jaxps'][-1]['steps_per_second']:.1f} steps/s, "
+                    f"with TLS {runs['tls'][-1]['steps_per_second']:.1f} steps/s",
                     file=sys.stderr,
                     flush=True,
                 )
+        for metric, unit, lower in (
+            ("steps_per_second", "steps/s", False),
+            ("job_seconds", "s", True),
+        ):
+            results.emit(
+                BENCH,
+                name,
+                metric=f"{metric}_tls",
+                value=median(runs["tls"], metric),
+                unit=unit,
+                baseline="jaxps-plaintext",
+                baseline_value=median(runs["jaxps"], metric),
+                lower_is_better=lower,
+            )
+        if not runs["tf"]:
+            continue
 
         for metric, unit, lower in (
             ("steps_per_second", "steps/s", False),
