@@ -128,16 +128,18 @@ def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def owned(job: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The metadata of a child named `name`: the job's label and its owner reference, so it
+    goes with the job."""
+    return {"name": name, "labels": labels(job), "ownerReferences": [owner_reference(job)]}
+
+
 def service(job: Mapping[str, Any]) -> dict[str, Any]:
     """The headless Service that gives every pod `<pod>.<job>.<ns>.svc`."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": job["metadata"]["name"],
-            "labels": labels(job),
-            "ownerReferences": [owner_reference(job)],
-        },
+        "metadata": owned(job, job["metadata"]["name"]),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -167,11 +169,7 @@ def secret(job: Mapping[str, Any], files: Mapping[str, bytes]) -> dict[str, Any]
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": {
-            "name": secret_name(job),
-            "labels": labels(job),
-            "ownerReferences": [owner_reference(job)],
-        },
+        "metadata": owned(job, secret_name(job)),
         "data": {k: base64.b64encode(v).decode() for k, v in sorted(files.items())},
     }
 
@@ -183,11 +181,7 @@ def network_policy(job: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {
-            "name": job["metadata"]["name"],
-            "labels": labels(job),
-            "ownerReferences": [owner_reference(job)],
-        },
+        "metadata": owned(job, job["metadata"]["name"]),
         "spec": {
             "podSelector": own,
             "policyTypes": ["Ingress"],

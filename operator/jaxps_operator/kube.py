@@ -206,13 +206,7 @@ class KubeCluster:
         return items
 
     def service_exists(self, namespace: str, name: str) -> bool:
-        try:
-            self.core.read_namespaced_service(name, namespace, _preload_content=False)
-        except ApiException as err:
-            if err.status == 404:
-                return False
-            raise
-        return True
+        return self._exists(self.core.read_namespaced_service, namespace, name)
 
     def create(self, job: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
         """Creates a Pod, the Service, Secret or NetworkPolicy in the job's namespace; False

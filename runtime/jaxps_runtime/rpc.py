@@ -17,6 +17,7 @@ nothing about the job.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from google.protobuf import descriptor, message
 
 from jaxps.v1 import coordinator_pb2, parameter_server_pb2, tensor_pb2
 from jaxps_runtime import authz, cluster
-from jaxps_runtime.credentials import TaskCredentials, identity_of
+from jaxps_runtime.credentials import Identity, TaskCredentials, identity_of
 
 UNLIMITED = -1
 MESSAGE_OPTIONS: tuple[tuple[str, int], ...] = (
@@ -165,7 +166,7 @@ class Guard:
     def check(self, context: grpc.ServicerContext, method: str) -> None:
         """Aborts the call unless `authz` allows its caller."""
         pem = (context.auth_context() or {}).get("x509_pem_cert") or [b""]
-        caller = identity_of(pem[0])
+        caller = _identity(pem[0])
         if caller is None:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "a jaxps task certificate is required")
         if not authz.allowed(method, caller, job=self.job, chief=self.chief):
@@ -196,6 +197,12 @@ class Guard:
             return behavior(read(context, request), context)
 
         return guarded
+
+
+@functools.lru_cache(maxsize=256)
+def _identity(pem: bytes) -> Identity | None:
+    """`identity_of`, parsed once per peer certificate (a job has a few dozen at most)."""
+    return identity_of(pem)
 
 
 def guard(
