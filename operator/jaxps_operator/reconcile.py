@@ -2,7 +2,8 @@
 
     reconcile(cluster, namespace, name, now=..., validator=...) -> Outcome
 
-    GET the job -> its children (pods, Service) -> planner.plan(...) -> delete, then create
+    GET the job -> its children (pods, Service, Secret, NetworkPolicy) -> fresh credentials
+    if it has none -> planner.plan(...) -> delete, then create
     -> the chief's progress (status.progress) -> one status write, only if it changed
     -> Events -> delete the job once its TTL is over
 
