@@ -28,7 +28,7 @@ import grpc
 import numpy as np
 import results
 
-from jaxps_runtime import config, launch, placement, rpc
+from jaxps_runtime import cluster, config, launch, placement, rpc
 from jaxps_runtime.client import PsClient
 
 CHUNK = 1 << 20
@@ -107,7 +107,7 @@ def serve_grpc(port: int, nbytes: int) -> None:
 
 
 def start_server(kind: str, nbytes: int) -> tuple[subprocess.Popen[bytes], int]:
-    port = launch.free_ports(1)[0]
+    port = cluster.free_ports(1)[0]
     proc = subprocess.Popen(
         [sys.executable, __file__, f"--serve-{kind}", str(port), str(nbytes)],
         stdout=subprocess.PIPE,

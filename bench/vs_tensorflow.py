@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 import numpy as np
 import results
 
-from jaxps_runtime import config, launch, models
+from jaxps_runtime import cluster, config, launch, models
 from jaxps_runtime.worker import overlap_steps_per_second
 
 BENCH = "vs_tensorflow"
@@ -138,7 +138,7 @@ def write_batches(case: dict[str, Any], path: Path) -> None:
 
 def run_tensorflow(python: str, case: dict[str, Any], data: Path, work: Path) -> dict[str, Any]:
     work.mkdir(parents=True)
-    ports = launch.free_ports(PS + WORKERS)
+    ports = cluster.free_ports(PS + WORKERS)
     spec = {
         "ps": [f"127.0.0.1:{p}" for p in ports[:PS]],
         "worker": [f"127.0.0.1:{p}" for p in ports[PS:]],

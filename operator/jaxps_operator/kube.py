@@ -146,7 +146,7 @@ class KubeCluster:
         self.replace_job_status({**job, "status": dict(status)})
 
     def task_progress(self, pod: PodState) -> dict[str, float]:
-        return progress.read_metrics(pod.metrics) if pod.metrics else {}
+        return progress.of_task(pod)
 
     # --- TrainingJobs -------------------------------------------------------------------------
 

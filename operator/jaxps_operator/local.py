@@ -18,12 +18,10 @@ Not thread-safe: one loop drives it.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,7 +35,7 @@ from jaxps_operator import builders, issuer, progress, reconcile
 from jaxps_operator.conditions import TERMINAL, Event
 from jaxps_operator.objects import PodState
 from jaxps_operator.reconcile import Children
-from jaxps_runtime import credentials
+from jaxps_runtime import cluster, credentials
 
 GRACE_SECONDS = 10.0
 TICK_SECONDS = 0.25
@@ -85,17 +83,6 @@ class Process:
         return 128 - code if code < 0 else code  # -9 (SIGKILL) reads as 137
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free ports of 127.0.0.1: every socket stays bound until all are picked."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            s = stack.enter_context(socket.socket())
-            s.bind(("127.0.0.1", 0))
-            ports.append(int(s.getsockname()[1]))
-        return ports
-
-
 def local_job(job: Mapping[str, Any], workdir: Path) -> dict[str, Any]:
     """The job as this machine runs it: an identity, and a volume-backed or relative checkpoint
     dir (and export path) moved into the work directory, where every task finds it."""
@@ -130,7 +117,7 @@ class LocalCluster:
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         names = [builders.pod_name(self.job, r, i) for r, i in builders.tasks(self.job)]
-        ports = free_ports(2 * len(names))
+        ports = cluster.free_ports(2 * len(names))
         self.ports = {n: (ports[2 * k], ports[2 * k + 1]) for k, n in enumerate(names)}
         self._write_credentials(self.credentials(self.job, self.network(self.job)))
 
@@ -217,7 +204,7 @@ class LocalCluster:
             self.delete_pod(job, name)
 
     def task_progress(self, pod: PodState) -> dict[str, float]:
-        return progress.read_metrics(pod.metrics) if pod.metrics else {}
+        return progress.of_task(pod)
 
     # --- processes ----------------------------------------------------------------------------
 

@@ -44,6 +44,11 @@ def read_metrics(address: str) -> dict[str, float]:
     return out
 
 
+def of_task(pod: PodState) -> dict[str, float]:
+    """The metrics a running task serves (what `Cluster.task_progress` gives); {} without."""
+    return read_metrics(pod.metrics) if pod.metrics else {}
+
+
 def update(
     previous: Mapping[str, Any], *, chief: PodState | None, metrics: Mapping[str, float]
 ) -> dict[str, Any]:

@@ -17,18 +17,16 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from jaxps_operator import builders, planner, progress, schema
 from jaxps_operator.conditions import TERMINAL, Event
 from jaxps_operator.objects import PodState
 
 log = logging.getLogger("jaxps.operator")
-T = TypeVar("T")
-R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -78,11 +76,6 @@ class Cluster(Protocol):
 
     def task_progress(self, pod: PodState) -> dict[str, float]:
         """The jaxps_* metrics a running task serves; {} when it does not answer."""
-
-
-def in_order(fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
-    """Runs `fn` over `items` one after the other (a `map` for clusters with no pool)."""
-    return map(fn, items)
 
 
 @dataclass
@@ -151,7 +144,7 @@ def reconcile(
     validator: Validator,
     image: str = builders.DEFAULT_IMAGE,
     progress_interval: float | None = None,
-    parallel: Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]] = in_order,
+    parallel: Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]] = map,
     network_policy: bool = False,
 ) -> Outcome:
     """One pass over job `namespace/name`. `parallel` maps a call over the deletes, then over

@@ -19,6 +19,7 @@ import ipaddress
 import json
 import os
 import re
+import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -367,3 +368,18 @@ def dns_address(
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= MAX_PORT:
         _fail("port", port, "an integer in 1..65535")
     return f"{name}.{job}.{namespace}.svc:{port}"
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports the kernel hands out now on 127.0.0.1 (every socket stays bound
+    until all are picked): the addresses of a cluster on this machine."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,20 +24,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from jaxps_runtime import cluster, credentials, rpc
 
 RUNTIME_ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports the kernel hands out now on 127.0.0.1 (all distinct)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def runtime_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -90,7 +75,7 @@ class LocalPs:
         log_dir: Path | None = None,
         timeout: float = 60.0,
     ) -> LocalPs:
-        ports = free_ports(num_ps + workers)
+        ports = cluster.free_ports(num_ps + workers)
         spec = {
             "ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
             "worker": [f"127.0.0.1:{p}" for p in ports[num_ps:]],
@@ -174,7 +159,7 @@ class LocalJob:
         its own CA and every task its certificate (in `log_dir/tls/<task>`): mutual TLS.
         """
         counts = {"chief": int(chief), "ps": ps, "worker": workers, "evaluator": int(evaluator)}
-        ports = iter(free_ports(2 * sum(counts.values())))
+        ports = iter(cluster.free_ports(2 * sum(counts.values())))
         spec = {
             role: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for role, n in counts.items() if n
         }

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from jaxps_operator import builders, local, schema
-from jaxps_runtime import launch
+from jaxps_runtime import cluster, launch
 
 pytestmark = pytest.mark.process
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,5 +178,5 @@ def test_a_local_process_gets_the_pods_environment_as_the_builder_made_it(tmp_pa
 
 
 def test_free_ports_are_distinct() -> None:
-    ports = local.free_ports(64)
+    ports = cluster.free_ports(64)
     assert len(set(ports)) == 64

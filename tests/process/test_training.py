@@ -203,7 +203,7 @@ def test_bad_training_configuration_exits_78_naming_the_field(tmp_path: Path) ->
 
 
 def test_tf1_flags_with_a_bad_training_file_exit_78_naming_the_field(tmp_path: Path) -> None:
-    ports = launch.free_ports(2)
+    ports = cluster.free_ports(2)
     file = tmp_path / "training.yaml"
     file.write_text("model: {name: mlp}\nmode: sideways\n")
     done = subprocess.run(
@@ -232,7 +232,7 @@ def test_tf1_flags_with_a_bad_training_file_exit_78_naming_the_field(tmp_path: P
 
 
 def test_tf1_flags_start_a_ps_that_a_sigterm_stops_with_exit_code_143() -> None:
-    ports = launch.free_ports(2)
+    ports = cluster.free_ports(2)
     address = f"127.0.0.1:{ports[0]}"
     proc = subprocess.Popen(
         [
