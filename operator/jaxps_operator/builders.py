@@ -52,6 +52,10 @@ TLS_DIR = "/var/run/jaxps/tls"  # where a pod's credentials are mounted
 TLS_VOLUME = "jaxps-tls"
 RUNTIME_GID = 65532  # docker/runtime.Dockerfile's USER
 CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"
+# The runtime's health on its plaintext metrics port (jaxps_runtime.metrics): the kubelet has no
+# certificate for the gRPC port, which takes only the job's own tasks (mutual TLS)
+LIVE_PATH = "/healthz"
+READY_PATH = "/readyz"
 OPERATOR_LABELS = {"app.kubernetes.io/name": "jaxps"}  # the chart's operator pods
 
 
@@ -201,6 +205,31 @@ def network_policy(job: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def probes() -> dict[str, dict[str, Any]]:
+    """The kubelet's probes of a task, over plain HTTP on its `metrics` port.
+
+    Ready (`/readyz`) once the task serves its role, which is what PodsReady counts; alive
+    (`/healthz`) while the process answers at all. A hung task (60 s without an answer) is
+    killed and, its pod failed, replaced by the restart policy. The startup probe gives the
+    process 5 minutes to import JAX before the liveness probe starts counting; the runtime
+    answers `/healthz` before it builds the model and the dataset, however long they take.
+    """
+
+    def get(path: str, *, period: int, failures: int) -> dict[str, Any]:
+        return {
+            "httpGet": {"path": path, "port": "metrics"},
+            "periodSeconds": period,
+            "timeoutSeconds": 5,
+            "failureThreshold": failures,
+        }
+
+    return {
+        "startupProbe": get(LIVE_PATH, period=2, failures=150),
+        "livenessProbe": get(LIVE_PATH, period=10, failures=6),
+        "readinessProbe": get(READY_PATH, period=2, failures=2),
+    }
+
+
 def template_metrics_port(container: Mapping[str, Any]) -> int:
     """The container's port named `metrics` (a template may choose it), else 9090."""
     for port in container.get("ports") or []:
@@ -281,6 +310,8 @@ def pod(
         {"name": "grpc", "containerPort": grpc_port},
         {"name": "metrics", "containerPort": metrics},
     ]
+    for probe, value in probes().items():
+        main.setdefault(probe, value)  # the template's own probes win
     checkpoint = spec["training"].get("checkpoint") or {}
     if checkpoint.get("claimName"):
         pod_spec.setdefault("volumes", []).append(

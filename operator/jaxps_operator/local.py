@@ -9,9 +9,9 @@ two free ports (gRPC, metrics), all reserved at once so no two tasks share one; 
 the job's credentials, issued at start into `tls/<pod>` of the work directory (each task's
 directory holds its own key and the CA only; keys readable by their owner); a deleted pod
 is a process sent SIGTERM (SIGKILL after a grace period); a process that exits is a pod
-Succeeded (0) or Failed (its exit code; death by signal N is 128 + N, as Kubernetes reports it).
-One log per task in the work directory. Nothing is left running when `run` returns, Ctrl-C
-included.
+Succeeded (0) or Failed (its exit code; death by signal N is 128 + N, as Kubernetes reports it)
+and Ready once its readiness probe (an HTTP GET on its metrics port) first answers 200. One log
+per task in the work directory. Nothing is left running when `run` returns, Ctrl-C included.
 
 Not thread-safe: one loop drives it.
 """
@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -73,7 +74,25 @@ class Process:
     index: int
     popen: subprocess.Popen[bytes]
     termination_log: Path
+    ready_url: str | None = None  # the readiness probe; None: ready while it runs
     deleting_since: float | None = None
+    ready: bool = False
+
+    def probe(self) -> bool:
+        """Whether the task is ready: running, and its readiness probe answered 200 once (a
+        task that was ready stays so until it exits; the GET waits 0.2 s at most)."""
+        if self.exit_code is not None:
+            return False
+        if not self.ready:
+            if self.ready_url is None:
+                self.ready = True
+            else:
+                try:
+                    with urllib.request.urlopen(self.ready_url, timeout=0.2) as answer:
+                        self.ready = answer.status == 200
+                except OSError:  # not yet listening, not yet ready (URLError is an OSError)
+                    pass
+        return self.ready
 
     @property
     def exit_code(self) -> int | None:
@@ -143,7 +162,7 @@ class LocalCluster:
                     role=proc.role,
                     index=proc.index,
                     phase=phase,
-                    ready=code is None,
+                    ready=proc.probe(),
                     exit_code=code,
                     deleting=proc.deleting_since is not None,
                     message=_read(proc.termination_log) if code is not None else "",
@@ -252,8 +271,26 @@ class LocalCluster:
                 stdin=subprocess.DEVNULL,
             )
         self.processes[name] = Process(
-            role=role, index=index, popen=popen, termination_log=termination_log
+            role=role,
+            index=index,
+            popen=popen,
+            termination_log=termination_log,
+            ready_url=self._ready_url(name, container),
         )
+
+    def _ready_url(self, name: str, container: Mapping[str, Any]) -> str | None:
+        """The container's HTTP readiness probe on this machine; its port by number or by
+        the name of one of its ports."""
+        get = (container.get("readinessProbe") or {}).get("httpGet")
+        if not get:
+            return None
+        port = get.get("port")
+        if isinstance(port, str):
+            named = {p.get("name"): p.get("containerPort") for p in container.get("ports", [])}
+            port = named.get(port)
+        if not isinstance(port, int):
+            return None
+        return f"http://127.0.0.1:{port}{get.get('path', '/')}"
 
     def kill_due(self, step: float, kills: list[Kill]) -> list[str]:
         """SIGKILLs the tasks whose --kill step is reached (each once); their names."""

@@ -169,6 +169,7 @@ class Chief:
     def run(self) -> int:
         self._server.start()
         self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        self.task.metrics.ready.set()
         client = self.task.ps_client()
         worker_result: list[int] = []
         worker_thread: threading.Thread | None = None
@@ -203,6 +204,7 @@ class Chief:
         finally:
             if worker_thread is not None and self.task.stop.is_set:
                 worker_thread.join(timeout=stopping.PUSH_GRACE_SECONDS + 1)
+            self.task.metrics.ready.clear()
             client.close()
             self._server.stop(2).wait()
 

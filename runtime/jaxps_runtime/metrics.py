@@ -1,20 +1,33 @@
-"""Prometheus metrics every task serves on JAXPS_METRICS_PORT (DESIGN.md section 3).
+"""Prometheus metrics every task serves on JAXPS_METRICS_PORT (DESIGN.md section 3), and the
+task's health on the same plaintext HTTP port.
 
 One registry per process (not prometheus_client's global one, so tests can build several).
 The operator and `jaxps local` read the chief's `jaxps_global_step`, `jaxps_loss`, ... to fill
 `status.progress`. Thread-safe (prometheus_client's metrics are).
+
+Health is here, not on the gRPC port, because that port takes only clients with a certificate
+of the job's CA (mutual TLS) and the kubelet has none: its gRPC probe speaks neither TLS nor
+client certificates. `GET /healthz` answers 200 while the process runs (liveness); `GET
+/readyz` answers 200 once the task serves its role (a ps's or the chief's gRPC server started,
+a worker's configuration checked) and 503 before and once it stops (readiness). Neither says
+more than that, and nothing on this port changes the task.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 9090
+LIVE_PATH = "/healthz"
+READY_PATH = "/readyz"
 
 
 class Metrics:
@@ -53,22 +66,49 @@ class Metrics:
         )
         self._task = task
         self._server: Any = None
+        self.ready = threading.Event()
+        """Set once the task serves its role, cleared when it stops: `GET /readyz`."""
 
     def set_eval(self, values: Mapping[str, float]) -> None:
         for name, value in values.items():
             self._eval.labels(task=self._task, metric=name).set(value)
 
     def serve(self, port: int) -> int | None:
-        """Serves /metrics on `port` (0: a free port); returns the port, or None if it failed."""
+        """Serves /metrics, /healthz and /readyz on `port` (0: a free port) from a daemon
+        thread; returns the port, or None if it failed."""
         try:
-            server, _ = start_http_server(port, registry=self.registry)
+            server = make_server(
+                "0.0.0.0", port, self._app(), ThreadingWSGIServer, handler_class=_Quiet
+            )
         except OSError as err:
             log.warning("metrics: cannot listen on port %d (%s); metrics are off", port, err)
             return None
         self._server = server
+        threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
         bound = int(server.server_address[1])
-        log.info("metrics on http://0.0.0.0:%d/metrics", bound)
+        log.info(
+            "metrics on http://0.0.0.0:%d/metrics, health on %s and %s",
+            bound,
+            LIVE_PATH,
+            READY_PATH,
+        )
         return bound
+
+    def _app(self) -> Callable[..., Iterable[bytes]]:
+        metrics = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            path = environ.get("PATH_INFO", "")
+            if path not in (LIVE_PATH, READY_PATH):
+                return metrics(environ, start_response)  # type: ignore[no-any-return]
+            ok = path == LIVE_PATH or self.ready.is_set()
+            start_response(
+                "200 OK" if ok else "503 Service Unavailable",
+                [("Content-Type", "text/plain; charset=utf-8")],
+            )
+            return [b"ok\n" if ok else b"not serving\n"]
+
+        return app
 
     def close(self) -> None:
         """Stops serving /metrics and frees the port (idempotent; within about 0.5 s, the
@@ -77,3 +117,10 @@ class Metrics:
         if server is not None:
             server.shutdown()
             server.server_close()
+
+
+class _Quiet(WSGIRequestHandler):
+    """No access log: the kubelet probes every few seconds."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass

@@ -63,6 +63,8 @@ def run(
     from jaxps_runtime.task import Task  # noqa: PLC0415
 
     metrics = Metrics(task=task.name)
+    if metrics_port:  # first: /healthz answers while the model and the dataset are built
+        metrics.serve(metrics_port)
     try:
         try:
             training = _training(file=training_file, env=training_env)
@@ -80,8 +82,8 @@ def run(
         problems = _start_problems(state, where=where)
         if problems:
             return _invalid_training(problems)
-        if metrics_port:
-            metrics.serve(metrics_port)
+        if not task.is_chief(spec.cluster):
+            metrics.ready.set()  # the chief: once its coordinator serves
         return _play(state, bind=bind)
     except stopping.Stopped:
         log.info("%s: stopped on %s; exit code %d", task.name, stop.reason, stop.exit_code)

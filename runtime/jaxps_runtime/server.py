@@ -134,6 +134,7 @@ def serve_ps(
     if metrics_port and metrics.serve(metrics_port) is not None:
         _refresh_metrics(server, metrics)
     server.start()
+    metrics.ready.set()  # /readyz: cleared by _refresh_metrics once the server stops
     # after start: a stop that came during start-up stops the running server (a stop before
     # start would be undone by it and the ps would serve until SIGKILL)
     unregister = stop.callback(lambda: server.stop(stop.reason))
@@ -146,7 +147,8 @@ def serve_ps(
 
 
 def _refresh_metrics(server: PsServer, metrics: Metrics) -> None:
-    """The ps's metrics: its step and bytes moved, refreshed every second from its counters."""
+    """The ps's metrics: its step and bytes moved, refreshed every second from its counters;
+    not ready once the server is told to stop (a signal or the Shutdown RPC)."""
     seen = {"bytes_in": 0.0, "bytes_out": 0.0}
 
     def refresh() -> None:
@@ -160,5 +162,6 @@ def _refresh_metrics(server: PsServer, metrics: Metrics) -> None:
             ):
                 counter.inc(counters.get(key, 0.0) - seen[key])
                 seen[key] = counters.get(key, 0.0)
+        metrics.ready.clear()
 
     threading.Thread(target=refresh, name="metrics", daemon=True).start()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,14 @@ def serving(address: str, creds: credentials.TaskCredentials) -> bool:
     except grpc.RpcError:
         return False
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def probe(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as err:
+        return err.code
 
 
 def test_strangers_and_wrong_roles_are_refused_while_the_job_trains_to_the_end(
@@ -111,6 +121,15 @@ def test_strangers_and_wrong_roles_are_refused_while_the_job_trains_to_the_end(
 
             assert refusal(send) != grpc.StatusCode.OK
     assert serving(ps0, chief)
+    # the kubelet's probes need no certificate: plain HTTP on each task's metrics port
+    for task in ("ps-0", "worker-1"):
+        port = job.metrics_ports[task]
+        assert probe(port, "/healthz") == 200
+
+        def ready(port: int = port) -> bool:
+            return probe(port, "/readyz") == 200
+
+        wait_for(ready, job, timeout=120, what=f"{task} ready")
 
     codes = job.wait(timeout=300)
     assert all(code == 0 for code in codes.values()), f"{codes}\n{job.logs()}"

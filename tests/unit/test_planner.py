@@ -323,6 +323,30 @@ def test_pods_run_the_operators_runtime_image_unless_their_template_names_one() 
     assert not builders.DEFAULT_IMAGE.endswith(":latest")  # :latest would pull on every start
 
 
+def test_the_kubelet_probes_health_over_http_on_the_metrics_port_unless_the_template_does() -> None:
+    j = job(ps=1, workers=1)
+    own = {"exec": {"command": ["true"]}, "periodSeconds": 30}
+    j["spec"]["replicaSpecs"]["ps"]["template"] = {
+        "spec": {"containers": [{"name": "jaxps", "livenessProbe": own}]}
+    }
+    result = step(j, [], service_exists=True)
+    containers = {p["metadata"]["name"]: p["spec"]["containers"][0] for p in result.create}
+    worker, ps = containers["tj-worker-0"], containers["tj-ps-0"]
+    assert {"name": "metrics", "containerPort": builders.METRICS_PORT} in worker["ports"]
+    for probe, path in (
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ):
+        assert worker[probe]["httpGet"] == {"path": path, "port": "metrics"}  # no TLS: plain GET
+    # the startup probe waits longer than the liveness probe gives up
+    start, live = worker["startupProbe"], worker["livenessProbe"]
+    assert start["periodSeconds"] * start["failureThreshold"] >= 300
+    assert live["periodSeconds"] * live["failureThreshold"] >= 60
+    assert ps["livenessProbe"] == own
+    assert ps["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
 def test_a_misspelt_training_fails_the_job_before_any_pod_naming_every_field() -> None:
     j = job()
     j["spec"]["training"] = {
