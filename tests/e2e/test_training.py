@@ -178,6 +178,12 @@ def kill_and_recover(
     node = jobs.node
     assert node is not None
     jobs.wait_progress(name, "lastCheckpointStep", EVERY)
+    # every pod is Ready: the kubelet's probes reached them over plain HTTP, with no certificate
+    wait_for(
+        lambda: pods_ready(jobs.get(name)),
+        timeout=120,
+        what=f"condition PodsReady on {name}",
+    )
     pod = jobs.running_pod(name, f"{name}-{victim}")
     watched = jobs.running_pod(name, f"{name}-{watch}")
     before = chief_step(watched) or 0
@@ -223,6 +229,11 @@ def kill_and_recover(
     phase(line)
     keep(f"{line}\n\n{story}\n", f"kill-{victim}.txt")
     return {"job": job, "recovered": recovered, "before": before, "lowest": lowest}
+
+
+def pods_ready(job: dict[str, Any] | None) -> bool:
+    conditions = ((job or {}).get("status") or {}).get("conditions") or []
+    return any(c["type"] == "PodsReady" and c["status"] == "True" for c in conditions)
 
 
 def test_a_killed_ps_is_replaced_and_every_ps_rolls_back_to_the_checkpoint(

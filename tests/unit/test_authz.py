@@ -104,3 +104,11 @@ def test_a_credentials_directory_round_trips_and_names_what_is_wrong(tmp_path: o
     (directory / credentials.CA_FILE).unlink()
     with pytest.raises(credentials.CredentialsError, match=r"ca\.crt: cannot read it"):
         credentials.TaskCredentials.load(directory)
+
+
+def test_a_peer_is_the_first_jaxps_uri_among_its_verified_names() -> None:
+    names = [b"tj-ps-0.tj.ns.svc", b"spiffe://j/ps/0", b"jaxps://j/worker/1", b"jaxps://j/chief/0"]
+    assert rpc.peer_identity(names) == who("worker", 1)
+    assert rpc.peer_identity([b"127.0.0.1", b"jaxps://j/ps"]) is None
+    assert rpc.peer_identity([b"\xff\xfe"]) is None
+    assert rpc.peer_identity(None) is None  # plaintext: no names at all
