@@ -17,7 +17,9 @@ over both ps, read sparsely) in async mode. Per case it prints (one JSON object 
 - `job_seconds`: the median wall time from starting the processes to the last worker's exit.
 - `steps_per_second_tls`, `job_seconds_tls`: jaxps with mutual TLS between every task (as the
   operator and `jaxps local` run it) against jaxps in plaintext (`--insecure`), same run; the
-  ratio is the cost of TLS (1.0: none). Without `--tf-python` only these are measured.
+  ratio is the cost of TLS (1.0: none); `steps_per_second_tls_paired`: the median over rounds
+  of each round's TLS / plaintext steps per second, which the drift of a shared machine between
+  rounds does not move. Without `--tf-python` only these are measured.
 
     make bench-tf       (builds .venv-tf with the pinned tensorflow-cpu, then runs this)
     python bench/vs_tensorflow.py --tf-python .venv-tf/bin/python [--rounds 3] [--cases mlp-sync]
@@ -268,6 +270,22 @@ def main() -> None:
                 baseline_value=median(runs["jaxps"], metric),
                 lower_is_better=lower,
             )
+        # The same, paired: rounds run back to back, so each round's TLS run is set against the
+        # plaintext run just before it, and the machine's drift between rounds (other load, CPU
+        # frequency) cancels out; the median over rounds of those ratios.
+        paired = statistics.median(
+            t["steps_per_second"] / p["steps_per_second"]
+            for t, p in zip(runs["tls"], runs["jaxps"], strict=True)
+        )
+        results.emit(
+            BENCH,
+            name,
+            metric="steps_per_second_tls_paired",
+            value=paired,
+            unit="ratio",
+            baseline="jaxps-plaintext, same round",
+            baseline_value=1.0,
+        )
         if not runs["tf"]:
             continue
 
