@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from jaxps_operator import builders, local, schema
+from jaxps_operator import builders, local, schema, terminal_chart
 
 EXIT_SUCCEEDED, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -136,8 +137,12 @@ def run_local(args: argparse.Namespace) -> int:
         else None
     )
     last_print = [0.0]
+    losses: dict[int, float] = {}  # step -> loss, as status.progress reported them
 
     def tick(current: dict[str, Any], runner: local.LocalCluster) -> None:
+        progress = current["status"].get("progress") or {}
+        if isinstance(progress.get("loss"), int | float) and progress.get("step"):
+            losses[int(progress["step"])] = float(progress["loss"])
         if live is not None:
             live.update(_table(current, runner, started))
         elif time.monotonic() - last_print[0] >= 5:
@@ -147,6 +152,10 @@ def run_local(args: argparse.Namespace) -> int:
                 highlight=False,
             )
 
+    def terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM (`jaxps.sdk`'s delete, a supervisor): stop every task
+
+    signal.signal(signal.SIGTERM, terminate)
     try:
         if live is not None:
             live.start()
@@ -164,6 +173,11 @@ def run_local(args: argparse.Namespace) -> int:
         + (f" ({final['reason']}: {final['message']})" if final else ""),
         highlight=False,
     )
+    curve = terminal_chart.chart(sorted(losses.items()), label="step")
+    if curve:
+        console.print("loss:", highlight=False)
+        for line in curve:
+            console.print(line, highlight=False, markup=False)
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True))
     else:

@@ -11,7 +11,9 @@ directory holds its own key and the CA only; keys readable by their owner); a de
 is a process sent SIGTERM (SIGKILL after a grace period); a process that exits is a pod
 Succeeded (0) or Failed (its exit code; death by signal N is 128 + N, as Kubernetes reports it)
 and Ready once its readiness probe (an HTTP GET on its metrics port) first answers 200. One log
-per task in the work directory. Nothing is left running when `run` returns, Ctrl-C included.
+per task in the work directory, next to the stored job (`job.json`, status included) and its
+Events (`events.jsonl`), which `jaxps.sdk` reads. Nothing is left running when `run` returns,
+Ctrl-C and SIGTERM included.
 
 Not thread-safe: one loop drives it.
 """
@@ -19,6 +21,8 @@ Not thread-safe: one loop drives it.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import os
 import re
 import signal
@@ -32,13 +36,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from jaxps_operator import builders, issuer, progress, reconcile
+from jaxps_operator import builders, conditions, issuer, progress, reconcile
 from jaxps_operator.conditions import TERMINAL, Event
 from jaxps_operator.objects import PodState
 from jaxps_operator.reconcile import Children
 from jaxps_runtime import cluster, credentials
 
 GRACE_SECONDS = 10.0
+JOB_FILE = "job.json"  # the stored job (metadata, spec, status), rewritten on every change
+EVENTS_FILE = "events.jsonl"  # one Event per line, with its time
 TICK_SECONDS = 0.25
 KILL = re.compile(r"^(?P<task>(chief|ps|worker|evaluator)-\d+)@step=(?P<step>\d+)$")
 
@@ -139,6 +145,7 @@ class LocalCluster:
         ports = cluster.free_ports(2 * len(names))
         self.ports = {n: (ports[2 * k], ports[2 * k + 1]) for k, n in enumerate(names)}
         self._write_credentials(self.credentials(self.job, self.network(self.job)))
+        self.save()
 
     # --- the port -----------------------------------------------------------------------------
 
@@ -213,9 +220,21 @@ class LocalCluster:
 
     def write_status(self, job: Mapping[str, Any], status: Mapping[str, Any]) -> None:
         self.job["status"] = copy.deepcopy(dict(status))
+        self.save()
 
     def post_event(self, job: Mapping[str, Any], event: Event) -> None:
         self.events.append(event)
+        record = {"time": conditions.stamp(datetime.now(UTC)), **dataclasses.asdict(event)}
+        with (self.workdir / EVENTS_FILE).open("a") as out:
+            out.write(json.dumps(record) + "\n")
+
+    def save(self) -> None:
+        """The stored job, status included, as `JOB_FILE` of the work directory (replaced
+        whole: a reader never sees half of it): what `jaxps.sdk` reads of a local job."""
+        stored = {**self.job, "tasks": {n: str(self.workdir / f"{n}.log") for n in self.ports}}
+        partial = self.workdir / f".{JOB_FILE}.partial"
+        partial.write_text(json.dumps(stored, indent=1, sort_keys=True))
+        partial.replace(self.workdir / JOB_FILE)
 
     def delete_job(self, job: Mapping[str, Any]) -> None:
         self.deleted = True

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +103,25 @@ def test_the_operator_does_not_load_jax_numpy_or_grpc() -> None:
     )
     assert out.stdout.strip() == "[]"
     assert Path(ROOT / "docker" / "operator.Dockerfile").read_text().count("'.[operator]'") == 1
+
+
+def test_the_grafana_dashboard_renders_the_charts_json_when_enabled(crd: Cluster) -> None:
+    rendered = helm(
+        "template",
+        "jaxps",
+        str(CHART),
+        "--namespace",
+        "default",
+        "--set",
+        "grafana.dashboard.enabled=true",
+        "--set",
+        "grafana.dashboard.namespace=monitoring",
+    )
+    configmap = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ConfigMap")
+    assert configmap["metadata"]["namespace"] == "monitoring"
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(configmap["data"]["jaxps.json"]) == json.loads(
+        (CHART / "dashboards" / "jaxps.json").read_text()
+    )
+    crd.kubectl("create", "namespace", "monitoring", check=False)
+    crd.kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(configmap))

@@ -8,13 +8,17 @@ accuracy.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.cluster.harness import ROOT, wait_for
+from tests.cluster.harness import ROOT, binaries, wait_for
 from tests.e2e.harness import (
     RELEASE_NAMESPACE,
     E2eJobs,
@@ -141,6 +145,63 @@ def test_the_mnist_example_trains_to_succeeded(jobs: E2eJobs) -> None:
     )
 
 
+def kubectl_jaxps(jobs: E2eJobs, *args: str) -> subprocess.CompletedProcess[str]:
+    """`kubectl jaxps ARGS`: kubectl finds `kubectl-jaxps` on PATH and runs it with ARGS."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    return subprocess.run(
+        [
+            str(binaries() / "kubectl"),
+            "jaxps",
+            *args,
+            "-n",
+            jobs.namespace,
+            "--kubeconfig",
+            str(jobs.cluster.kubeconfig),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+
+
+def test_the_sdk_example_runs_mnist_on_the_cluster_and_kubectl_jaxps_reads_it(
+    jobs: E2eJobs,
+) -> None:
+    body = manifest(ROOT / "examples" / "mnist.yaml")
+    jobs.checkpoint_claim(body["spec"]["training"]["checkpoint"]["claimName"])
+    command = [
+        sys.executable,
+        str(ROOT / "examples" / "sdk_mnist.py"),
+        "--kubernetes",
+        "-n",
+        jobs.namespace,
+        "--kubeconfig",
+        str(jobs.cluster.kubeconfig),
+        "--keep",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{jobs.story('mnist')}"
+    assert "mnist: Succeeded after 600 steps" in done.stdout
+    logs = kubectl_jaxps(jobs, "logs", "mnist", "worker-0")
+    assert logs.returncode == 0, logs.stderr
+    assert "done: step 600" in logs.stdout
+    described = kubectl_jaxps(jobs, "describe", "mnist")
+    assert described.returncode == 0, described.stderr
+    assert "Succeeded" in described.stdout
+    assert "JobSucceeded" in described.stdout
+    deleted = kubectl_jaxps(jobs, "delete", "mnist")
+    assert deleted.returncode == 0, deleted.stderr
+    assert jobs.get("mnist") is None
+    keep(
+        f"$ python examples/sdk_mnist.py --kubernetes -n {jobs.namespace} --keep\n{done.stdout}"
+        f"\n$ kubectl jaxps describe mnist\n{described.stdout}"
+        f"\n$ kubectl jaxps delete mnist\n{deleted.stdout}",
+        "sdk-kubernetes.txt",
+    )
+
+
 def test_a_misspelt_training_fails_at_once_with_no_pod(jobs: E2eJobs) -> None:
     body = training_job("typo", steps=100)
     body["spec"]["training"]["model"] = {"name": "resnet"}
@@ -184,6 +245,12 @@ def kill_and_recover(
         timeout=120,
         what=f"condition PodsReady on {name}",
     )
+    top = kubectl_jaxps(jobs, "top", name, "--once", "--interval", "3")
+    assert top.returncode == 0, top.stderr
+    rows = {line.split()[0]: line.split() for line in top.stdout.splitlines() if "Running" in line}
+    assert set(rows) >= {"ps-0", "ps-1", "worker-0", "worker-1"}, top.stdout
+    assert rows["worker-0"][2].isdigit(), top.stdout  # the chief's step, read through the proxy
+    keep(f"$ kubectl jaxps top {name} --once\n{top.stdout}", f"top-{victim}.txt")
     pod = jobs.running_pod(name, f"{name}-{victim}")
     watched = jobs.running_pod(name, f"{name}-{watch}")
     before = chief_step(watched) or 0

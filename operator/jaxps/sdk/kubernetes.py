@@ -1,0 +1,242 @@
+"""The SDK's Kubernetes backend: TrainingJobs through the API server, with the official client.
+
+Credentials: a kubeconfig (given, $KUBECONFIG or ~/.kube/config) or, with none, the pod's
+service account. Each backend has its own `ApiClient`, so two backends (two clusters) can live
+in one notebook. Task metrics (`top`) are read through the API server's pod proxy, so they work
+from outside the cluster network.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import queue
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from jaxps.sdk.model import (
+    Event,
+    JaxpsError,
+    Job,
+    JobExistsError,
+    JobNotFoundError,
+    LogLine,
+)
+from jaxps_operator import builders
+from jaxps_operator.kube import GROUP, PLURAL, VERSION
+
+GONE_SECONDS = 120.0  # delete(wait=True): for the job's pods to go
+
+
+class KubernetesBackend:
+    def __init__(
+        self,
+        *,
+        namespace: str | None = None,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+    ) -> None:
+        configuration = client.Configuration()
+        try:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, context=context, client_configuration=configuration
+            )
+            _, active = config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig
+            )
+            chosen = namespace or (active or {}).get("context", {}).get("namespace")
+        except (ConfigException, FileNotFoundError, TypeError) as err:
+            if kubeconfig is not None or context is not None:
+                raise JaxpsError(f"kubeconfig {kubeconfig or ''}: {err}") from None
+            try:
+                config.load_incluster_config(  # type: ignore[no-untyped-call]
+                    client_configuration=configuration
+                )
+            except ConfigException:
+                raise JaxpsError(
+                    f"no Kubernetes credentials: no kubeconfig ({err}) and not in a pod; "
+                    "give Client.kubernetes(kubeconfig=...)"
+                ) from None
+            chosen = namespace or _service_account_namespace()
+        self.namespace = chosen or "default"
+        self.api = client.ApiClient(configuration)
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.where = f"namespace {self.namespace} of {configuration.host}"
+
+    # --- the port ---------------------------------------------------------------------------
+
+    def create(self, manifest: Mapping[str, Any]) -> Job:
+        body = dict(manifest)
+        meta = body.setdefault("metadata", {})
+        namespace = meta.setdefault("namespace", self.namespace)
+        name = meta["name"]
+        try:
+            created = self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, body, _preload_content=False
+            )
+        except ApiException as err:
+            if err.status == 409:
+                raise JobExistsError(name, self.where) from None
+            raise JaxpsError(f"TrainingJob {name}: {_reason(err)}") from None
+        return Job.of(_json(created))
+
+    def get(self, name: str) -> Job:
+        try:
+            raw = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name, _preload_content=False
+            )
+        except ApiException as err:
+            if err.status == 404:
+                raise JobNotFoundError(name, self.where) from None
+            raise JaxpsError(f"TrainingJob {name}: {_reason(err)}") from None
+        return Job.of(_json(raw))
+
+    def list(self) -> builtins.list[Job]:
+        raw = self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, _preload_content=False
+        )
+        return sorted((Job.of(item) for item in _json(raw)["items"]), key=lambda j: j.name)
+
+    def delete(self, name: str, *, wait: bool) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name, propagation_policy="Foreground"
+            )
+        except ApiException as err:
+            if err.status == 404:
+                raise JobNotFoundError(name, self.where) from None
+            raise JaxpsError(f"TrainingJob {name}: {_reason(err)}") from None
+        if not wait:
+            return
+        deadline = time.monotonic() + GONE_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                self.get(name)
+            except JobNotFoundError:
+                if not self.pods(name):
+                    return
+            time.sleep(0.5)
+        raise JaxpsError(f"TrainingJob {name}: still there {GONE_SECONDS:g} s after delete")
+
+    def events(self, name: str) -> builtins.list[Event]:
+        found = self.core.list_namespaced_event(
+            self.namespace,
+            field_selector=f"involvedObject.name={name},involvedObject.kind=TrainingJob",
+        )
+        out = [
+            Event(
+                type=e.type or "",
+                reason=e.reason or "",
+                message=e.message or "",
+                time=e.last_timestamp or e.event_time or e.first_timestamp,
+                count=e.count or 1,
+            )
+            for e in found.items
+        ]
+        return sorted(out, key=lambda e: e.time or datetime.min.replace(tzinfo=UTC))
+
+    def logs(self, name: str, *, task: str | None, follow: bool) -> Iterator[LogLine]:
+        job = self.get(name)
+        pods = sorted(self.pods(name))
+        tasks = [builders.pod_name(job.raw, r, i) for r, i in builders.tasks(job.raw)]
+        if task is not None:
+            pod = task if task in tasks else f"{name}-{task}"
+            if pod not in tasks:
+                raise JaxpsError(
+                    f"TrainingJob {name} has no task {task}; its tasks are "
+                    f"{', '.join(t.removeprefix(name + '-') for t in tasks)}"
+                )
+            pods = [pod] if pod in pods else []
+            if not pods:
+                raise JaxpsError(f"TrainingJob {name}: task {task} has no pod now")
+        if not follow:
+            return iter([line for pod in pods for line in self._log(pod, follow=False)])
+        return _merged([lambda p=pod: self._log(p, follow=True) for pod in pods])
+
+    # --- helpers also used by `kubectl jaxps` ------------------------------------------------
+
+    def pods(self, name: str) -> dict[str, dict[str, Any]]:
+        """The job's pods by name, as the API returns them."""
+        found = self.core.list_namespaced_pod(
+            self.namespace,
+            label_selector=f"{builders.LABEL_JOB}={name}",
+            _preload_content=False,
+        )
+        return {p["metadata"]["name"]: p for p in _json(found)["items"]}
+
+    def metrics(self, pod: Mapping[str, Any]) -> str:
+        """A pod's Prometheus metrics, through the API server's pod proxy ('' if unreachable)."""
+        container = (pod["spec"].get("containers") or [{}])[0]
+        port = builders.template_metrics_port(container)
+        try:
+            text: str = self.core.connect_get_namespaced_pod_proxy_with_path(
+                f"{pod['metadata']['name']}:{port}", self.namespace, "metrics"
+            )
+        except ApiException:
+            return ""
+        return text
+
+    def _log(self, pod: str, *, follow: bool) -> Iterator[LogLine]:
+        try:
+            stream: Any = self.core.read_namespaced_pod_log(
+                pod, self.namespace, follow=follow, _preload_content=False
+            )
+        except ApiException as err:
+            yield LogLine(task=pod, text=f"(no log: {_reason(err)})")
+            return
+        rest = b""
+        for chunk in stream.stream(2**14):
+            *lines, rest = (rest + chunk).split(b"\n")
+            for line in lines:
+                yield LogLine(task=pod, text=line.decode(errors="replace"))
+        if rest:
+            yield LogLine(task=pod, text=rest.decode(errors="replace"))
+
+
+def _merged(sources: list[Any]) -> Iterator[LogLine]:
+    """Lines of several followed streams as they come, one thread per stream."""
+    lines: queue.Queue[LogLine | None] = queue.Queue(maxsize=1024)
+
+    def pump(source: Any) -> None:
+        try:
+            for line in source():
+                lines.put(line)
+        finally:
+            lines.put(None)
+
+    for source in sources:
+        threading.Thread(target=pump, args=(source,), daemon=True).start()
+    running = len(sources)
+    while running:
+        line = lines.get()
+        if line is None:
+            running -= 1
+        else:
+            yield line
+
+
+def _json(response: Any) -> Any:
+    return json.loads(response.data)
+
+
+def _reason(err: ApiException) -> str:
+    try:
+        return str(json.loads(err.body or "").get("message") or err.reason)
+    except (TypeError, ValueError):
+        return f"{err.status} {err.reason}"
+
+
+def _service_account_namespace() -> str | None:
+    try:
+        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None

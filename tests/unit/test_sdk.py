@@ -1,0 +1,209 @@
+"""The SDK's pure parts: manifests in every form, typed views of a stored job, `wait`'s verdicts
+(against an in-memory backend), `kubectl jaxps top`'s arithmetic, and no JAX on import."""
+
+from __future__ import annotations
+
+import builtins
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from jaxps.sdk import (
+    Client,
+    Event,
+    InvalidManifestError,
+    JaxpsError,
+    Job,
+    JobFailedError,
+    JobNotFoundError,
+    LogLine,
+    WaitTimeoutError,
+    kubectl,
+    load,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+MNIST = ROOT / "examples" / "mnist.yaml"
+
+
+def stored(state: str = "", **status: Any) -> dict[str, Any]:
+    job: dict[str, Any] = yaml.safe_load(MNIST.read_text())
+    job["metadata"].update(namespace="ns", uid="u-1")
+    job["status"] = {"state": state, **status} if state else dict(status)
+    return job
+
+
+def condition(type_: str, status: str = "True", reason: str = "R", message: str = "m") -> Any:
+    return {"type": type_, "status": status, "reason": reason, "message": message}
+
+
+class Memory:
+    """A backend whose job moves through the given states, one per `get`."""
+
+    where = "memory"
+
+    def __init__(self, states: list[dict[str, Any]]) -> None:
+        self.states = states
+        self.reads = 0
+
+    def get(self, name: str) -> Job:
+        if name != "mnist":
+            raise JobNotFoundError(name, self.where)
+        raw = self.states[min(self.reads, len(self.states) - 1)]
+        self.reads += 1
+        return Job.of(raw)
+
+    def create(self, manifest: Mapping[str, Any]) -> Job:
+        return Job.of(manifest)
+
+    def list(self) -> builtins.list[Job]:
+        return [self.get("mnist")]
+
+    def delete(self, name: str, *, wait: bool) -> None:
+        pass
+
+    def events(self, name: str) -> builtins.list[Event]:
+        return []
+
+    def logs(self, name: str, *, task: str | None, follow: bool) -> Iterator[LogLine]:
+        return iter([])
+
+
+def test_a_manifest_loads_from_a_file_a_path_text_or_a_dict_as_given() -> None:
+    as_dict = yaml.safe_load(MNIST.read_text())
+    for given in (MNIST, str(MNIST), MNIST.read_text(), as_dict):
+        loaded = load(given)
+        assert loaded == as_dict  # validated, but defaults are the API server's to apply
+    assert "runPolicy" not in load(as_dict)["spec"]
+
+
+def test_a_bad_manifest_names_every_field_and_a_missing_file_its_path() -> None:
+    bad = yaml.safe_load(MNIST.read_text())
+    bad["spec"]["training"]["mode"] = "sideways"
+    bad["spec"]["training"]["batchSize"] = 0
+    with pytest.raises(InvalidManifestError) as caught:
+        load(bad)
+    assert len(caught.value.problems) == 2
+    assert "spec.training.mode" in str(caught.value)
+    assert "sideways" in str(caught.value)
+    assert "spec.training.batchSize" in str(caught.value)
+    bad = yaml.safe_load(MNIST.read_text())
+    bad["spec"]["training"]["optimizer"]["name"] = "adamm"
+    with pytest.raises(InvalidManifestError, match="adamm"):
+        load(bad)
+    with pytest.raises(JaxpsError, match=r"nope\.yaml: cannot read it"):
+        load("nope.yaml")
+    with pytest.raises(InvalidManifestError, match="not YAML"):
+        load("kind: [unclosed\n")
+
+
+def test_a_stored_job_reads_as_typed_fields() -> None:
+    job = Job.of(
+        stored(
+            "Running",
+            conditions=[condition("Running", reason="JobRunning")],
+            progress={"step": 120, "loss": 0.25, "stepsPerSecond": 40.5, "eval": {"acc": 0.9}},
+            replicaStatuses={"ps": {"active": 2, "ready": 2}, "worker": {"restarts": 1}},
+            restarts=1,
+            startTime="2026-11-23T03:00:00Z",
+        )
+    )
+    assert (job.name, job.namespace, job.state, job.restarts) == ("mnist", "ns", "Running", 1)
+    assert job.progress.step == 120
+    assert job.progress.steps == 600
+    assert job.progress.loss == 0.25
+    assert job.progress.eval == {"acc": 0.9}
+    assert job.progress.last_checkpoint_step is None
+    running = job.condition("Running")
+    assert running is not None
+    assert running.status
+    assert running.reason == "JobRunning"
+    ps = next(r for r in job.replicas if r.role == "ps")
+    assert (ps.replicas, ps.active, ps.ready) == (2, 2, 2)
+    assert job.start_time is not None
+    assert job.start_time.tzinfo is not None
+    assert not job.finished
+
+
+def test_wait_returns_once_the_condition_is_true() -> None:
+    client = Client(
+        Memory(
+            [stored(), stored("Running"), stored("Succeeded", conditions=[condition("Succeeded")])]
+        )
+    )
+    job = client.wait("mnist", timeout=5, interval=0.01)
+    assert job.state == "Succeeded"
+
+
+def test_wait_for_success_of_a_failed_job_says_why_at_once() -> None:
+    failed = stored(
+        "Failed", conditions=[condition("Failed", reason="BackoffLimitExceeded", message="ps 0")]
+    )
+    client = Client(Memory([stored("Running"), failed]))
+    with pytest.raises(JobFailedError, match=r"mnist is Failed \(BackoffLimitExceeded: ps 0\)"):
+        client.wait("mnist", timeout=60, interval=0.01)
+    assert client.wait("mnist", "Failed", timeout=1).state == "Failed"
+
+
+def test_wait_times_out_naming_the_job_condition_and_where_it_is() -> None:
+    client = Client(Memory([stored("Running", progress={"step": 7})]))
+    with pytest.raises(
+        WaitTimeoutError, match=r"mnist: not Succeeded after 0\.05 s; it is Running at step 7"
+    ):
+        client.wait("mnist", timeout=0.05, interval=0.01)
+    with pytest.raises(JobNotFoundError, match="TrainingJob other not found in memory"):
+        client.wait("other")
+
+
+def test_top_reads_a_tasks_metrics_and_rates_its_bytes() -> None:
+    text = "\n".join(
+        [
+            "# TYPE jaxps_global_step gauge",
+            'jaxps_global_step{task="ps-0"} 120.0',
+            "# TYPE jaxps_bytes_pushed counter",
+            'jaxps_bytes_pushed_total{task="ps-0"} 5000000.0',
+            "# TYPE jaxps_bytes_pulled counter",
+            'jaxps_bytes_pulled_total{task="ps-0"} 1000.0',
+            "# TYPE jaxps_eval gauge",
+            'jaxps_eval{task="ps-0",metric="accuracy"} 0.9',
+            "",
+        ]
+    )
+    values = kubectl.parse_metrics(text)
+    assert values["jaxps_global_step"] == 120.0
+    assert values["jaxps_bytes_pushed_total"] == 5e6
+    assert not any(k.startswith("jaxps_eval") for k in values)
+    before = kubectl.Sample(at=10.0, values={**values, "jaxps_bytes_pushed_total": 1e6})
+    row = kubectl.top_row(before, kubectl.Sample(at=12.0, values=values))
+    assert row == ["120", "-", "-", "-", "2.0 MB/s", "0 B/s"]
+    assert kubectl.top_row(None, kubectl.Sample(at=1.0, values=values))[4] == "-"
+
+
+def test_kubectl_jaxps_refuses_bad_flags_naming_them(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        kubectl.main(["wait", "mnist", "--timeout", "-3"])
+    assert caught.value.code == 2
+    assert "--timeout: got '-3'" in capsys.readouterr().err
+
+
+def test_the_sdk_imports_no_jax_numpy_or_grpc() -> None:
+    code = (
+        "import sys, jaxps.sdk, jaxps.sdk.kubectl, jaxps.sdk.local, jaxps.sdk.kubernetes;"
+        "print(sorted(m for m in ('jax', 'numpy', 'grpc', 'optax') if m in sys.modules))"
+    )
+    path = os.pathsep.join(str(ROOT / root) for root in ("runtime", "operator"))
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    assert done.stdout.strip() == "[]"
