@@ -12,8 +12,6 @@ from jaxps.sdk import Client, InvalidManifestError, JobExistsError, JobNotFoundE
 from tests.cluster.harness import ROOT, Jobs, Operator, wait_for
 from tests.cluster.test_operator import mnist, run_all
 
-pytestmark = pytest.mark.cluster
-
 
 def kubectl_jaxps(jobs: Jobs, *args: str) -> subprocess.CompletedProcess[str]:
     """`kubectl jaxps ARGS` as kubectl runs a plugin: the executable with the plugin's args."""
