@@ -130,6 +130,8 @@ def run_local(args: argparse.Namespace) -> int:
         f"running TrainingJob {job['metadata']['name']}: {', '.join(tasks)}; logs in {workdir}",
         highlight=False,
     )
+    board = local.local_job(job, Path(workdir))["spec"]["training"]["tensorboard"]["dir"]
+    console.print(f"TensorBoard: tensorboard --logdir {board}", highlight=False)
     started = time.monotonic()
     live = (
         Live(console=console, refresh_per_second=4, transient=False)

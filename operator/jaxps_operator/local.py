@@ -110,7 +110,8 @@ class Process:
 
 def local_job(job: Mapping[str, Any], workdir: Path) -> dict[str, Any]:
     """The job as this machine runs it: an identity, and a volume-backed or relative checkpoint
-    dir (and export path) moved into the work directory, where every task finds it."""
+    dir (and export path, and TensorBoard dir: `tensorboard` by default) moved into the work
+    directory, where every task finds it."""
     out = copy.deepcopy(dict(job))
     meta = out.setdefault("metadata", {})
     meta.setdefault("uid", f"local-{os.getpid()}-{time.time_ns()}")
@@ -124,6 +125,12 @@ def local_job(job: Mapping[str, Any], workdir: Path) -> dict[str, Any]:
         checkpoint["dir"] = str(workdir / "checkpoints")
     if training.get("exportPath") and not Path(training["exportPath"]).is_absolute():
         training["exportPath"] = str(workdir / training["exportPath"])
+    board = training.get("tensorboard") or {}
+    if not board.get("dir") or not Path(board["dir"]).is_absolute():
+        training["tensorboard"] = {
+            **board,
+            "dir": str(workdir / (board.get("dir") or "tensorboard")),
+        }
     out["status"] = {}
     return out
 

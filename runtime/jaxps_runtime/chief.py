@@ -3,12 +3,15 @@
 1. Serves the Coordinator service on its own address, so tasks can register and heartbeat.
 2. Waits for every ps, logging which task at which address it waits for (research pitfall 2).
 3. Initialises the variables from the seed, with the mode and the workers, at epoch 1.
-4. Watches: logs step, loss and steps per second; a worker silent for `workerTimeoutSeconds` is
-   dropped from the live set the ps tasks aggregate over (sync never hangs on a dead worker).
+4. Watches: logs step, loss and steps per second (and, with `training.tensorboard`, writes them
+   with examples per second and the pull/compute/push split of a step to TensorBoard event
+   files: `summaries`); a worker silent for `workerTimeoutSeconds` is dropped from the live set
+   the ps tasks aggregate over (sync never hangs on a dead worker).
 5. At `steps`: tells every task to stop, waits for the workers and the evaluator to finish,
-   evaluates (unless an evaluator did), writes the parameters to `exportPath` if set, shuts every
-   ps down so none lingers, and prints one JSON summary as its last line on stdout (also to
-   the termination log when that file exists, as Kubernetes reads it: `termination`).
+   evaluates (unless an evaluator did; the chief's own evaluation goes to TensorBoard's eval
+   run too), writes the parameters to `exportPath` if set, shuts every ps down so none lingers,
+   and prints one JSON summary as its last line on stdout (also to the termination log when
+   that file exists, as Kubernetes reads it: `termination`).
 Told to stop (SIGTERM, `stopping`), it ends its waits and calls and exits with
 `stopping.Stopped`, leaving the ps tasks serving (never Shutdown: a replacement chief adopts
 their state) and committing no checkpoint it has not got every shard of.
@@ -30,10 +33,19 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
-from jaxps_runtime import checkpoint, cluster, recovery, rpc, server, stopping, termination
+from jaxps_runtime import (
+    checkpoint,
+    cluster,
+    recovery,
+    rpc,
+    server,
+    stopping,
+    summaries,
+    termination,
+)
 from jaxps_runtime.client import PsClient, PsClientError
 from jaxps_runtime.config import TrainingConfig
-from jaxps_runtime.coordinator import CoordinatorServicer, Membership
+from jaxps_runtime.coordinator import CoordinatorServicer, Member, Membership
 from jaxps_runtime.shards import Mode
 from jaxps_runtime.task import Task
 from jaxps_runtime.worker import SPAN_KEYS, Worker, overlap_steps_per_second
@@ -165,6 +177,11 @@ class Chief:
         self.checkpoint_error: str | None = None
         self.started_from: dict[str, Any] = {}
         self.last_checkpoint: int | None = None
+        # Last: its thread starts here, and `run` closes it.
+        self.tensorboard = summaries.Writer(
+            self.training.tensorboard, run=summaries.TRAIN, task=task.name
+        )
+        self._recorded: int | None = None  # the step of the last TensorBoard point
 
     def run(self) -> int:
         self._server.start()
@@ -205,6 +222,7 @@ class Chief:
             if worker_thread is not None and self.task.stop.is_set:
                 worker_thread.join(timeout=stopping.PUSH_GRACE_SECONDS + 1)
             self.task.metrics.ready.clear()
+            self.tensorboard.close()
             client.close()
             self._server.stop(2).wait()
 
@@ -256,6 +274,9 @@ class Chief:
         if ready.how == "restored":
             self.last_checkpoint = ready.step
             self.task.metrics.last_checkpoint_step.set(ready.step)
+        if ready.how != "adopted":  # a rollback (or a fresh start): later points are void
+            self.tensorboard.restarted(step=ready.step)
+        self._recorded = ready.step  # the next point once training moves on from here
 
     @staticmethod
     def _ps_problem(client: PsClient, statuses: list[ps_pb2.StatusReply]) -> str | None:
@@ -338,7 +359,8 @@ class Chief:
                     if m.task in self.membership.workers
                 )
             )
-            if step >= training.steps:
+            if step >= training.steps:  # the curves end at the last step
+                self._record(step=step, loss=loss, rate=_rate(step, last_step, now - last_time))
                 return 0
             target = self.checkpointer.target(step)
             if target is not None:
@@ -369,13 +391,29 @@ class Chief:
                 client.set_workers(alive)
                 live = alive
             if now - last_log >= training.logEverySeconds:
-                # a rollback moves the step back: no negative rate for the window it spans
-                rate = max(step - last_step, 0) / (now - last_time)
+                rate = _rate(step, last_step, now - last_time)
                 metrics.steps_per_second.set(rate)
                 shown = f"{loss:.4f}" if step > 0 else "-"  # no loss before the first step
                 log.info("step %d/%d  loss %s  %.1f steps/s", step, training.steps, shown, rate)
+                self._record(step=step, loss=loss, rate=rate)
                 last_log, last_step, last_time = now, step, now
             self.task.stop.sleep(min(0.2, training.heartbeatSeconds))
+
+    def _record(self, *, step: int, loss: float, rate: float) -> None:
+        """One log tick's TensorBoard scalars (`summaries`), with the global step; none while
+        the step stands still (compiling, waiting for a worker): one point per step."""
+        if step == self._recorded:
+            return
+        self._recorded = step
+        workers = [m for m in self.membership.members() if m.task in self.membership.workers]
+        values = {
+            summaries.STEPS_PER_SECOND: rate,
+            summaries.EXAMPLES_PER_SECOND: sum(m.examples_per_second for m in workers),
+            **summaries.step_seconds(_mean_split(workers)),
+        }
+        if not math.isnan(loss):  # no loss before the first step
+            values[summaries.LOSS] = loss
+        self.tensorboard.scalars(values, step=step)
 
     def _finish(self, client: PsClient) -> None:
         training = self.training
@@ -422,9 +460,14 @@ class Chief:
                     self.checkpointer.last_step,
                 )
         if evaluator is not None and evaluator.done and evaluator.metrics:
-            evaluation = dict(evaluator.metrics)
+            evaluation = dict(evaluator.metrics)  # the evaluator wrote them to TensorBoard
         else:
             evaluation = self.task.evaluate(self.task.layout.unflatten(named))
+            evaluated = summaries.Writer(
+                training.tensorboard, run=summaries.EVAL, task=self.task.name
+            )
+            evaluated.scalars(evaluation, step=step)
+            evaluated.close()
         if training.exportPath:
             _export(Path(training.exportPath), named)
         self.task.stop.check()  # stopping: the ps tasks stay up for a replacement chief
@@ -465,6 +508,20 @@ class Chief:
         line = json.dumps(summary)
         termination.write([line])
         print(line, flush=True)
+
+
+def _rate(step: int, last_step: int, seconds: float) -> float:
+    """Global steps per second over a window; a rollback moves the step back: no negative
+    rate for the window it spans."""
+    return max(step - last_step, 0) / seconds if seconds > 0 else 0.0
+
+
+def _mean_split(members: list[Member]) -> dict[str, float]:
+    """The mean {pull, compute, push} seconds of a step over the workers that timed one (until
+    its first warm step, a worker reports 0 s for each)."""
+    phases = ("pull", "compute", "push")
+    timed = [m.metrics for m in members if sum(m.metrics.get(p, 0.0) for p in phases) > 0]
+    return {p: sum(t.get(p, 0.0) for t in timed) / len(timed) for p in phases} if timed else {}
 
 
 def _number(value: float) -> float | None:

@@ -10,6 +10,11 @@ What only JAX can judge (a user model's import, the values optax accepts) is che
 start (`roles`); a task that finds its configuration invalid there exits
 `EXIT_INVALID_TRAINING`. `parse` raises on the first problem; `problems` lists them all, and so
 does the `problems` of the error `parse` raises.
+
+`tensorboard: {dir, flushSeconds}` (optional; no field, no event files): the chief writes its
+training scalars under `dir/train` and the evaluator its metrics under `dir/eval`
+(`summaries`); `dir` is required, a non-empty string; `flushSeconds`, an integer >= 1 (default
+5), bounds how long an event waits in memory. `null` is the same as no field.
 """
 
 from __future__ import annotations
@@ -170,6 +175,19 @@ class CheckpointConfig:
     claimName: str | None = None  # noqa: N815
 
 
+DEFAULT_FLUSH_SECONDS = 5
+
+
+@dataclass(frozen=True)
+class TensorBoardConfig:
+    """`training.tensorboard`: where the chief (`<dir>/train`) and the evaluator (`<dir>/eval`)
+    write TensorBoard event files, and how often at most their writes wait in memory. No field,
+    no event files (`jaxps local` gives one; Kubernetes does not)."""
+
+    dir: str
+    flushSeconds: int = DEFAULT_FLUSH_SECONDS  # noqa: N815
+
+
 @dataclass(frozen=True)
 class TrainingConfig:
     """`spec.training` with defaults applied. Field names are the manifest's."""
@@ -191,6 +209,7 @@ class TrainingConfig:
     workerTimeoutSeconds: float = 30.0  # noqa: N815
     startupTimeoutSeconds: float = 300.0  # noqa: N815
     exportPath: str | None = None  # noqa: N815 - the chief writes the final parameters here
+    tensorboard: TensorBoardConfig | None = None  # None: no event files
 
     @property
     def staleness(self) -> int:
@@ -307,6 +326,22 @@ def _checkpoint(raw: object, path: str) -> CheckpointConfig:
     return checkpoint
 
 
+def _tensorboard(raw: object, path: str) -> TensorBoardConfig | None:
+    if raw is None:  # absent, or null as `to_json` writes it: no event files
+        return None
+    reader = _Reader(raw, path, TensorBoardConfig)
+    reader.done()  # first: `directory: /tb` is a misspelt dir, not a missing one
+    if reader.get("dir") is None:
+        raise TrainingConfigError(
+            f"{path}.dir: missing; expected a non-empty string, the directory of the event files"
+        )
+    return TensorBoardConfig(
+        dir=reader.string("dir", None) or "",
+        flushSeconds=reader.integer("flushSeconds", DEFAULT_FLUSH_SECONDS, minimum=1)
+        or DEFAULT_FLUSH_SECONDS,
+    )
+
+
 def _check(raw: object, path: str) -> tuple[TrainingConfig, list[str]]:
     """The configuration with defaults applied, and every independent problem found (the
     configuration means nothing unless there are none)."""
@@ -362,6 +397,9 @@ def _check(raw: object, path: str) -> tuple[TrainingConfig, list[str]]:
         None, lambda: top.number("workerTimeoutSeconds", default.workerTimeoutSeconds, minimum=0.5)
     )
     export_path = found.check(None, lambda: top.string("exportPath", None))
+    tensorboard = found.check(
+        None, lambda: _tensorboard(top.get("tensorboard"), f"{path}.tensorboard")
+    )
     found.check(None, top.done)
     if heartbeat is not None and worker_timeout is not None and worker_timeout <= heartbeat:
         found.add(
@@ -389,6 +427,7 @@ def _check(raw: object, path: str) -> tuple[TrainingConfig, list[str]]:
         workerTimeoutSeconds=worker_timeout or default.workerTimeoutSeconds,
         startupTimeoutSeconds=startup_timeout,
         exportPath=export_path,
+        tensorboard=tensorboard,
     )
     return training, found.found
 

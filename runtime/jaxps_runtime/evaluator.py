@@ -1,13 +1,16 @@
 """The evaluator: every `evalEverySteps` global steps, pulls the parameters and evaluates them
 on the held-out data; exports the metrics (Prometheus `jaxps_eval{metric=...}`) and reports
-them to the chief, which uses the final ones in its summary. Told to stop (`stopping`), it ends
-its pull (which may be waiting for a step) and exits with `stopping.Stopped`.
+them to the chief, which uses the final ones in its summary; with `training.tensorboard`, also
+writes them to TensorBoard event files under `<dir>/eval`, at the step evaluated (`summaries`).
+Told to stop (`stopping`), it ends its pull (which may be waiting for a step) and exits with
+`stopping.Stopped`; its event files are closed whichever way it ends.
 """
 
 from __future__ import annotations
 
 import logging
 
+from jaxps_runtime import summaries
 from jaxps_runtime.client import PsClientError
 from jaxps_runtime.task import Task
 
@@ -18,6 +21,7 @@ def run(task: Task) -> int:
     training = task.training
     client = task.ps_client()
     coordinator = task.coordinator()
+    tensorboard = summaries.Writer(training.tensorboard, run=summaries.EVAL, task=task.name)
     try:
         coordinator.register(timeout=training.startupTimeoutSeconds)
         step = client.wait_ready(timeout=training.startupTimeoutSeconds)
@@ -35,6 +39,7 @@ def run(task: Task) -> int:
             results = task.evaluate(task.layout.unflatten(named))
             task.metrics.set_eval(results)
             task.metrics.global_step.set(step)
+            tensorboard.scalars(results, step=step)
             log.info("step %d: %s", step, "  ".join(f"{k} {v:.4f}" for k, v in results.items()))
             done = step >= training.steps
             state = coordinator.heartbeat(
@@ -43,5 +48,6 @@ def run(task: Task) -> int:
             if done or (state is not None and state.stop and step >= training.steps):
                 return 0
     finally:
+        tensorboard.close()
         coordinator.close()
         client.close()

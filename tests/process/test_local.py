@@ -74,6 +74,12 @@ def test_the_mnist_example_succeeds_with_95_percent(tmp_path: Path) -> None:
     reasons = {c["type"]: c["reason"] for c in status["conditions"]}
     assert reasons["Succeeded"] == "JobSucceeded"
     assert not alive_with_job_name("mnist")
+    # TensorBoard's event files, in the work directory by default, and the loss curve at the end
+    board = tmp_path / "work" / "tensorboard"
+    assert f"TensorBoard: tensorboard --logdir {board}" in logs
+    assert list((board / "train").glob("events.out.tfevents.*")), logs
+    assert "\nloss:\n" in logs
+    assert "└" + "─" * 60 in logs
 
 
 def test_killing_ps_0_mid_training_still_succeeds_and_counts_the_restart(tmp_path: Path) -> None:

@@ -130,6 +130,25 @@ BAD = [
         "training.workerTimeoutSeconds: got 2.0; expected more than heartbeatSeconds (5.0)",
     ),
     ([], "training: got []; expected an object"),
+    (
+        {"tensorboard": {}},
+        "training.tensorboard.dir: missing; expected a non-empty string, the directory of the "
+        "event files",
+    ),
+    ({"tensorboard": {"dir": ""}}, 'training.tensorboard.dir: got ""; expected a non-empty str'),
+    (
+        {"tensorboard": {"dir": "/tb", "flushSeconds": 0}},
+        "training.tensorboard.flushSeconds: got 0; expected an integer >= 1",
+    ),
+    (
+        {"tensorboard": {"dir": "/tb", "flushSeconds": 2.5}},
+        "training.tensorboard.flushSeconds: got 2.5; expected an integer >= 1",
+    ),
+    (
+        {"tensorboard": {"directory": "/tb"}},
+        "training.tensorboard.directory: unknown field; allowed: dir, flushSeconds",
+    ),
+    ({"tensorboard": "/tb"}, 'training.tensorboard: got "/tb"; expected an object'),
 ]
 
 
@@ -241,3 +260,20 @@ def test_the_configuration_is_parsed_without_jax_optax_or_numpy() -> None:
 def test_text_that_is_not_yaml_is_refused() -> None:
     with pytest.raises(config.TrainingConfigError, match="JAXPS_TRAINING: not JSON or YAML"):
         config.loads("{steps: [", path="JAXPS_TRAINING")
+
+
+def test_tensorboard_is_off_unless_given_and_its_flush_defaults_to_5_seconds() -> None:
+    assert config.parse({}).tensorboard is None
+    assert config.parse({"tensorboard": None}).tensorboard is None
+    training = config.parse({"tensorboard": {"dir": "/tb"}})
+    assert training.tensorboard == config.TensorBoardConfig(dir="/tb", flushSeconds=5)
+    assert config.loads(training.to_json()) == training
+    assert config.loads(config.parse({}).to_json()).tensorboard is None
+
+
+def test_a_bad_tensorboard_field_is_listed_with_the_other_problems() -> None:
+    found = config.problems({"steps": 0, "tensorboard": {"dir": "/tb", "flushSeconds": "5"}})
+    assert found == [
+        "training.steps: got 0; expected an integer >= 1",
+        'training.tensorboard.flushSeconds: got "5"; expected an integer >= 1',
+    ]

@@ -142,6 +142,16 @@ CATALOGUE: list[tuple[str, dict[str, Any] | Any, str]] = [
         "spec.training.checkpoint.keep",
     ),
     (
+        "tensorboard-without-dir",
+        change("spec.training.tensorboard", {"flushSeconds": 5}),
+        "spec.training.tensorboard.dir: Required value",
+    ),
+    (
+        "zero-tensorboard-flush",
+        change("spec.training.tensorboard", {"dir": "/tb", "flushSeconds": 0}),
+        "spec.training.tensorboard.flushSeconds: Invalid value: 0",
+    ),
+    (
         "negative-backoff-limit",
         change("spec.runPolicy", {"backoffLimit": -1}),
         "spec.runPolicy.backoffLimit",
@@ -215,3 +225,9 @@ def test_defaults_are_applied_as_the_apiserver_applies_them() -> None:
     assert job["spec"]["training"]["mode"] == "async"
     assert job["spec"]["training"]["batchSize"] == 32
     assert job["spec"]["training"]["model"] == {"name": "mlp"}
+
+
+def test_tensorboard_gets_its_default_flush_and_the_runtime_accepts_it() -> None:
+    job = schema.validate(change("spec.training.tensorboard", {"dir": "/tb"}))
+    assert job["spec"]["training"]["tensorboard"] == {"dir": "/tb", "flushSeconds": 5}
+    assert schema.training_problems(job) == []

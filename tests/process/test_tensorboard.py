@@ -1,0 +1,134 @@
+"""TensorBoard event files from real jobs: the chief's training curves, the evaluations, and a
+chief stopped by SIGTERM closing its file; read back with TensorBoard's own reader."""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tensorboard.backend.event_processing import (
+    event_accumulator,
+)
+
+from jaxps_runtime import launch
+from tests.process import waiting
+
+pytestmark = pytest.mark.process
+TRAINING: dict[str, Any] = {
+    "model": {"name": "mlp"},
+    "mode": "sync",
+    "steps": 600,
+    "batchSize": 32,
+    "optimizer": {"name": "adam", "kwargs": {"learning_rate": 0.01}},
+    "evalEverySteps": 100,
+    "logEverySeconds": 0.2,  # several points even where training runs at 300 steps/s
+    "heartbeatSeconds": 0.1,
+}
+TRAIN_TAGS = {
+    "loss",
+    "steps/s",
+    "examples/s",
+    "step_seconds/pull",
+    "step_seconds/compute",
+    "step_seconds/push",
+}
+LOGGED_STEP = re.compile(r"step (\d+)/\d+  loss \d")  # the chief's log tick, once it has a loss
+
+
+def read(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar under `run` by tag, as (step, value), the way TensorBoard loads them."""
+    accumulator = event_accumulator.EventAccumulator(str(run))
+    accumulator.Reload()
+    return {
+        tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
+        for tag in accumulator.Tags()["scalars"]
+    }
+
+
+def steps(points: list[tuple[int, float]]) -> list[int]:
+    return [step for step, _ in points]
+
+
+@pytest.mark.parametrize("evaluator", [True, False], ids=["an-evaluator", "the-chief-evaluates"])
+def test_a_job_writes_training_curves_and_evaluations_up_to_its_last_step(
+    jobs: list[launch.LocalJob], tmp_path: Path, evaluator: bool
+) -> None:
+    board = tmp_path / "tensorboard"
+    training = {**TRAINING, "tensorboard": {"dir": str(board), "flushSeconds": 1}}
+    job = launch.LocalJob.start(
+        training=training, log_dir=tmp_path / "logs", ps=1, workers=2, evaluator=evaluator
+    )
+    jobs.append(job)
+    codes = job.wait(timeout=300)
+    assert all(code == 0 for code in codes.values()), f"{codes}\n{job.logs()}"
+    summary = job.summary()
+    last = summary["step"]
+    assert last == 600
+
+    train = read(board / "train")
+    assert set(train) >= TRAIN_TAGS, sorted(train)
+    for tag in TRAIN_TAGS:
+        ticks = steps(train[tag])
+        assert ticks == sorted(set(ticks)), (tag, ticks)  # one point per step, increasing
+        assert ticks[-1] == last, (tag, ticks)  # the curves end at the last step
+    assert len(train["loss"]) >= 2, train["loss"]
+    assert train["loss"][-1][1] < train["loss"][0][1]
+    assert train["examples/s"][-1][1] > 0
+    assert all(train[f"step_seconds/{phase}"][-1][1] > 0 for phase in ("pull", "compute", "push"))
+
+    evaluated = read(board / "eval")
+    assert set(evaluated) >= {"accuracy", "loss"}, sorted(evaluated)
+    for tag, points in evaluated.items():
+        assert steps(points) == sorted(set(steps(points))), (tag, points)
+        assert steps(points)[-1] == last, (tag, points)
+        assert points[-1][1] == pytest.approx(summary["eval"][tag], rel=1e-4, abs=1e-5)
+    if evaluator:
+        assert len(evaluated["accuracy"]) >= 2  # every evalEverySteps, not only the last
+    else:
+        assert steps(evaluated["accuracy"]) == [last]  # the chief's final evaluation
+
+    chief, writer = "worker-0", "evaluator-0" if evaluator else "worker-0"
+    chief_log = (job.log_dir / f"{chief}.log").read_text()
+    assert chief_log.count(f"TensorBoard event files in {board / 'train'} ") == 1
+    writer_log = (job.log_dir / f"{writer}.log").read_text()
+    assert writer_log.count(f"TensorBoard event files in {board / 'eval'} ") == 1
+    assert len(list((board / "train").glob("events.out.tfevents.*"))) == 1
+    assert len(list((board / "eval").glob("events.out.tfevents.*"))) == 1
+
+
+def test_a_chief_stopped_by_sigterm_closes_its_event_file(
+    jobs: list[launch.LocalJob], tmp_path: Path
+) -> None:
+    """With an hour between flushes, only closing the file puts the last tick on disk."""
+    board = tmp_path / "tensorboard"
+    training = {
+        **TRAINING,
+        "steps": 1_000_000,  # trains until the test stops it
+        "workerTimeoutSeconds": 60,
+        "tensorboard": {"dir": str(board), "flushSeconds": 3600},
+    }
+    job = launch.LocalJob.start(training=training, log_dir=tmp_path / "logs", ps=1, workers=1)
+    jobs.append(job)
+    chief_log = job.log_dir / "worker-0.log"
+
+    def logged_steps() -> list[int]:
+        text = chief_log.read_text() if chief_log.exists() else ""
+        return [int(step) for step in LOGGED_STEP.findall(text)]
+
+    waiting.wait_for(
+        lambda: len([s for s in logged_steps() if s > 0]) >= 2,
+        job,
+        timeout=180,
+        what="two log ticks of the chief with a loss",
+    )
+    last = logged_steps()[-1]
+    chief = job.processes["worker-0"]
+    chief.send_signal(signal.SIGTERM)
+    code = chief.wait(timeout=30)  # the ps stays up, for a replacement chief
+    assert code == 128 + signal.SIGTERM, f"{code}\n{job.logs()}"
+
+    loss = read(board / "train")["loss"]
+    assert last in steps(loss), (last, loss)
