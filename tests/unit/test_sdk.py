@@ -180,9 +180,15 @@ def test_top_reads_a_tasks_metrics_and_rates_its_bytes() -> None:
     assert values["jaxps_bytes_pushed_total"] == 5e6
     assert not any(k.startswith("jaxps_eval") for k in values)
     before = kubectl.Sample(at=10.0, values={**values, "jaxps_bytes_pushed_total": 1e6})
-    row = kubectl.top_row(before, kubectl.Sample(at=12.0, values=values))
-    assert row == ["120", "-", "-", "-", "2.0 MB/s", "0 B/s"]
-    assert kubectl.top_row(None, kubectl.Sample(at=1.0, values=values))[4] == "-"
+    now = kubectl.Sample(at=12.0, values=values)
+    assert kubectl.top_row(before, now, role="ps") == ["120", "-", "-", "-", "2.0 MB/s", "0 B/s"]
+    assert kubectl.top_row(None, now, role="ps")[4] == "-"  # a rate needs two samples
+    # a role shows what it reports: a worker's unset gauges read "-", not 0
+    assert kubectl.top_row(before, now, role="worker") == ["120", "-", "-", "-", "-", "-"]
+    chief = kubectl.top_row(before, now, role="worker", chief=True)
+    assert chief[:3] == ["120", "-", "-"]  # no loss or rate in these metrics yet
+    with_loss = kubectl.Sample(at=12.0, values={**values, "jaxps_loss": 0.25})
+    assert kubectl.top_row(None, with_loss, role="worker")[1] == "0.2500"
 
 
 def test_kubectl_jaxps_refuses_bad_flags_naming_them(capsys: pytest.CaptureFixture[str]) -> None:

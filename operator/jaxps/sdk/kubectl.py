@@ -29,13 +29,15 @@ from rich.table import Table
 from jaxps.sdk.client import Client
 from jaxps.sdk.kubernetes import KubernetesBackend
 from jaxps.sdk.model import JaxpsError, Job, JobFailedError, JobNotFoundError, WaitTimeoutError
+from jaxps_operator import builders
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    out = Console(soft_wrap=not sys.stdout.isatty())
+    # a pipe or a file: lines as wide as they are, not cut at 80 columns
+    out = Console() if sys.stdout.isatty() else Console(width=200)
     err = Console(stderr=True)
     try:
         backend = KubernetesBackend(
@@ -215,26 +217,36 @@ def parse_metrics(text: str) -> dict[str, float]:
     return values
 
 
-def top_row(before: Sample | None, now: Sample) -> list[str]:
-    """step, loss, steps/s, staleness, bytes in/s, bytes out/s of one task."""
+SHOWN = {  # the columns each role reports; the others read "-", not a gauge's unset 0
+    "ps": {"step", "staleness", "in", "out"},
+    "chief": {"step", "loss", "steps/s"},
+    "worker": {"step", "loss"},
+    "evaluator": {"step"},
+}
 
-    def show(key: str, fmt: str) -> str:
+
+def top_row(before: Sample | None, now: Sample, *, role: str, chief: bool = False) -> list[str]:
+    """step, loss, steps/s, staleness, bytes in/s, bytes out/s of one task; `chief`: the
+    worker that is the chief (worker 0 without a chief task) reports steps/s."""
+    shown = SHOWN["chief"] if chief else SHOWN.get(role, {"step"})
+
+    def show(column: str, key: str, fmt: str) -> str:
         value = now.values.get(key)
-        return format(value, fmt) if value is not None else "-"
+        return format(value, fmt) if value is not None and column in shown else "-"
 
-    def rate(key: str) -> str:
-        if before is None or now.at <= before.at or key not in now.values:
+    def rate(column: str, key: str) -> str:
+        if column not in shown or before is None or now.at <= before.at or key not in now.values:
             return "-"
         per_second = (now.values[key] - before.values.get(key, 0.0)) / (now.at - before.at)
         return _bytes(max(per_second, 0.0)) + "/s"
 
     return [
-        show("jaxps_global_step", ".0f"),
-        show("jaxps_loss", ".4f"),
-        show("jaxps_steps_per_second", ".1f"),
-        show("jaxps_staleness", ".1f"),
-        rate("jaxps_bytes_pushed_total"),
-        rate("jaxps_bytes_pulled_total"),
+        show("step", "jaxps_global_step", ".0f"),
+        show("loss", "jaxps_loss", ".4f"),
+        show("steps/s", "jaxps_steps_per_second", ".1f"),
+        show("staleness", "jaxps_staleness", ".0f"),
+        rate("in", "jaxps_bytes_pushed_total"),
+        rate("out", "jaxps_bytes_pulled_total"),
     ]
 
 
@@ -258,7 +270,18 @@ def _top(client: Client, backend: KubernetesBackend, args: argparse.Namespace, o
             phase = pod["status"].get("phase", "?")
             text = backend.metrics(pod) if phase == "Running" else ""
             now = Sample(at=time.monotonic(), values=parse_metrics(text))
-            row = top_row(previous.get(name), now) if now.values else ["-"] * 6
+            labels = pod["metadata"].get("labels") or {}
+            role = labels.get(builders.LABEL_ROLE, "")
+            chief = role == "chief" or (
+                role == "worker"
+                and labels.get(builders.LABEL_INDEX) == "0"
+                and not any(r.role == "chief" for r in job.replicas)
+            )
+            row = (
+                top_row(previous.get(name), now, role=role, chief=chief)
+                if now.values
+                else ["-"] * 6
+            )
             if now.values:
                 previous[name] = now
             grid.add_row(name.removeprefix(args.name + "-"), phase, *row)
