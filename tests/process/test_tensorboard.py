@@ -9,12 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tensorboard.backend.event_processing import (
-    event_accumulator,
-)
 
 from jaxps_runtime import launch
 from tests.process import waiting
+from tests.unit.test_summaries import read
 
 pytestmark = pytest.mark.process
 TRAINING: dict[str, Any] = {
@@ -36,16 +34,6 @@ TRAIN_TAGS = {
     "step_seconds/push",
 }
 LOGGED_STEP = re.compile(r"step (\d+)/\d+  loss \d")  # the chief's log tick, once it has a loss
-
-
-def read(run: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar under `run` by tag, as (step, value), the way TensorBoard loads them."""
-    accumulator = event_accumulator.EventAccumulator(str(run))
-    accumulator.Reload()
-    return {
-        tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
-        for tag in accumulator.Tags()["scalars"]
-    }
 
 
 def steps(points: list[tuple[int, float]]) -> list[int]:

@@ -28,6 +28,7 @@ from jaxps.sdk.model import (
     JobExistsError,
     JobNotFoundError,
     LogLine,
+    task_pods,
 )
 from jaxps_operator import builders
 from jaxps_operator.kube import GROUP, PLURAL, VERSION
@@ -144,19 +145,10 @@ class KubernetesBackend:
         return sorted(out, key=lambda e: e.time or datetime.min.replace(tzinfo=UTC))
 
     def logs(self, name: str, *, task: str | None, follow: bool) -> Iterator[LogLine]:
-        job = self.get(name)
-        pods = sorted(self.pods(name))
-        tasks = [builders.pod_name(job.raw, r, i) for r, i in builders.tasks(job.raw)]
-        if task is not None:
-            pod = task if task in tasks else f"{name}-{task}"
-            if pod not in tasks:
-                raise JaxpsError(
-                    f"TrainingJob {name} has no task {task}; its tasks are "
-                    f"{', '.join(t.removeprefix(name + '-') for t in tasks)}"
-                )
-            pods = [pod] if pod in pods else []
-            if not pods:
-                raise JaxpsError(f"TrainingJob {name}: task {task} has no pod now")
+        wanted = task_pods(self.get(name).raw, task)
+        pods = sorted(set(self.pods(name)) & set(wanted))
+        if task is not None and not pods:
+            raise JaxpsError(f"TrainingJob {name}: task {task} has no pod now")
         if not follow:
             return iter([line for pod in pods for line in self._log(pod, follow=False)])
         return _merged([lambda p=pod: self._log(p, follow=True) for pod in pods])

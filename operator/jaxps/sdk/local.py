@@ -34,8 +34,8 @@ from jaxps.sdk.model import (
     JobNotFoundError,
     LogLine,
     parse_time,
+    task_pods,
 )
-from jaxps_operator import builders
 from jaxps_operator.local import EVENTS_FILE, GRACE_SECONDS, JOB_FILE
 
 MANIFEST, RUNNER_LOG, PID_FILE = "manifest.yaml", "jaxps-local.log", "runner.pid"
@@ -147,16 +147,7 @@ class LocalBackend:
 
     def logs(self, name: str, *, task: str | None, follow: bool) -> Iterator[LogLine]:
         workdir = self._workdir(name)
-        job = self.get(name)
-        tasks = _tasks(job.raw)
-        if task is not None:
-            pod = task if task in tasks else f"{name}-{task}"
-            if pod not in tasks:
-                raise JaxpsError(
-                    f"TrainingJob {name} has no task {task}; its tasks are "
-                    f"{', '.join(t.removeprefix(name + '-') for t in tasks)}"
-                )
-            tasks = [pod]
+        tasks = task_pods(self.get(name).raw, task)
         return _follow(
             {t: workdir / f"{t}.log" for t in tasks},
             follow=lambda: follow and self._alive(workdir),
@@ -195,10 +186,6 @@ class LocalBackend:
         except PermissionError:
             return True
         return "jaxps_operator" in _command_line(pid)
-
-
-def _tasks(raw: Mapping[str, Any]) -> list[str]:
-    return [builders.pod_name(raw, r, i) for r, i in builders.tasks(raw)]
 
 
 def _follow(files: Mapping[str, Path], *, follow: Any) -> Iterator[LogLine]:

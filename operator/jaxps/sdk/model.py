@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from jaxps_operator import builders
+
 
 class JaxpsError(Exception):
     """Anything the SDK refuses or cannot do; the message names the job."""
@@ -189,3 +191,19 @@ def parse_time(text: Any) -> datetime | None:
     if not isinstance(text, str) or not text:
         return None
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def task_pods(job: Mapping[str, Any], task: str | None) -> list[str]:
+    """The pod names of the job's tasks, or of the one `task` names (`worker-1` or the pod's
+    name); `JaxpsError` listing the tasks when it names none."""
+    name = job["metadata"]["name"]
+    pods = [builders.pod_name(job, r, i) for r, i in builders.tasks(job)]
+    if task is None:
+        return pods
+    pod = task if task in pods else f"{name}-{task}"
+    if pod not in pods:
+        raise JaxpsError(
+            f"TrainingJob {name} has no task {task}; its tasks are "
+            f"{', '.join(p.removeprefix(name + '-') for p in pods)}"
+        )
+    return [pod]
