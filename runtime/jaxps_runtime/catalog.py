@@ -91,6 +91,36 @@ def _classes(where: str, value: object) -> int:
     return count(where, value, minimum=2)
 
 
+def path(where: str, value: object) -> str:
+    """A file or directory the tasks read (whether it is there is known where they run)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ModelError(
+            f"{where}: expected the path of a file or directory every task can read (a "
+            f"volume each pod mounts; locally any directory), got {value!r}"
+        )
+    return value
+
+
+def optional_path(where: str, value: object) -> str | None:
+    return None if value is None else path(where, value)
+
+
+def batch_keys(where: str, value: object) -> dict[str, str] | None:
+    """None (every array under its own name), or {batch key: array name}."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, Mapping)
+        or not value
+        or not all(isinstance(k, str) and k and isinstance(v, str) and v for k, v in value.items())
+    ):
+        raise ModelError(
+            f"{where}: expected an object mapping each batch key to an array name "
+            f"(e.g. {{x: images, y: labels}}), got {value!r}"
+        )
+    return dict(value)
+
+
 # --- models and datasets ----------------------------------------------------------------------
 
 
@@ -127,6 +157,14 @@ DATASET_ARGUMENTS: Mapping[str, Mapping[str, Argument]] = {
         "examples": Argument(100_000, count),
         "testExamples": Argument(5000, count),
     },
+    # the user's files (jaxps_runtime.filedata)
+    "arrays": {
+        "path": Argument(None, path),
+        "test": Argument(None, optional_path),
+        "keys": Argument(None, batch_keys),
+        "testFraction": Argument(0.2, fraction),
+    },
+    "idx": {"dir": Argument(None, path)},
 }
 MODELS: tuple[str, ...] = tuple(MODEL_ARGUMENTS)
 DATASETS: tuple[str, ...] = tuple(DATASET_ARGUMENTS)

@@ -36,8 +36,16 @@ replaces ``params[table]`` by those unique rows (shape ``[n_unique, dim]``) and
 ``batch[ids_key]`` by each id's position among them before calling ``loss``/``evaluate``, so a
 model must read a table ONLY as ``params[table][batch[ids_key]]``.
 
-The dataset is configured separately and is always a built-in; its batches are
-``{name: array}`` (``synthetic``: ``x`` float32 ``[B, features]``, ``y`` float32 ``[B]``).
+The dataset is configured separately: a built-in, or the user's files (``jaxps_runtime.filedata``):
+
+* ``arrays`` (``path``: an ``.npz`` file or a directory of ``.npy`` files, memory-mapped;
+  ``test``: the same for the test set, else the last ``testFraction`` of the rows; ``keys``:
+  ``{batch key: array name}``, default every array under its name);
+* ``idx`` (``dir``: MNIST's or Fashion-MNIST's four IDX files, maybe gzipped): ``x`` float32
+  ``[B, rows*cols]`` in [0, 1], ``y`` int32 ``[B]``, what ``mlp`` with ``inputs: 784`` takes.
+
+Its batches are ``{name: array}`` (``synthetic``: ``x`` float32 ``[B, features]``, ``y``
+float32 ``[B]``).
 ``examples/user_model/quadratic.py`` is a complete example: with ``examples/user_model`` on
 ``PYTHONPATH``, ``module: "quadratic:make_model"`` trains it on ``synthetic``.
 
@@ -394,6 +402,18 @@ def build_dataset(*, name: str, kwargs: Mapping[str, Any] | None = None, seed: i
         )
     if name == "digits":
         return DigitsDataset(test_fraction=opts["testFraction"], seed=seed)
+    if name in ("arrays", "idx"):
+        from jaxps_runtime import filedata  # noqa: PLC0415 (it builds on ArrayDataset)
+
+        if name == "idx":
+            return filedata.idx_dataset(directory=opts["dir"], seed=seed)
+        return filedata.arrays_dataset(
+            path=opts["path"],
+            test=opts["test"],
+            keys=opts["keys"],
+            test_fraction=opts["testFraction"],
+            seed=seed,
+        )
     return SparseDataset(
         id_range=opts["idRange"],
         ids_per_example=opts["idsPerExample"],

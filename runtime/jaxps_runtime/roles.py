@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import jax
+
 from jaxps_runtime import checkpoint, cluster, config, models, optim, server, stopping, termination
 from jaxps_runtime.credentials import TaskCredentials
 from jaxps_runtime.metrics import Metrics
@@ -106,7 +108,35 @@ def _start_problems(state: Task, *, where: str) -> list[str]:
             build()
         except models.ModelError as err:
             found.append(str(err))
+    if not found:
+        found += _batch_problems(state)
     return found
+
+
+def _batch_problems(state: Task) -> list[str]:
+    """The dataset's first batch, read and traced through the model's loss without computing
+    it: a dataset smaller than the number of workers, a missing batch key or a shape the model
+    does not take fails here, naming both, rather than at the first step (or never, on a
+    worker that is not the first to trace)."""
+    workers = state.spec.cluster.num_tasks(cluster.WORKER)
+    training = state.training
+    try:
+        batch = state.dataset.train_batch(
+            worker=0, num_workers=workers, step=0, batch_size=training.batchSize
+        )
+    except models.ModelError as err:
+        return [str(err)]
+    shown = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in sorted(batch.items()))
+    try:
+        jax.eval_shape(state.model.loss, state.shapes, batch)
+    except Exception as err:  # whatever the model raises on these shapes
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return [
+            f"model {training.model.module or training.model.name!r} cannot train on dataset "
+            f"{training.dataset.name!r}: its batches are {{{shown}}}; {type(err).__name__}: "
+            f"{first}"
+        ]
+    return []
 
 
 def _invalid_training(problems: Sequence[str]) -> int:

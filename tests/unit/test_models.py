@@ -14,6 +14,7 @@ import optax
 import pytest
 
 from jaxps_runtime import catalog, models
+from tests.unit.test_filedata import mnist_dir
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "user_model"
 SMALL_SPARSE = {"examples": 2000, "testExamples": 200}
@@ -93,9 +94,20 @@ def test_loss_and_metrics_are_finite_scalars_under_jit(name: str) -> None:
     assert all(m.shape == () and np.isfinite(m) for m in metrics.values())
 
 
+def _files(name: str, root: Path) -> dict[str, Any] | None:
+    """Files for the datasets that read them (200 examples), else the small built-in."""
+    if name == "idx":
+        return {"dir": str(mnist_dir(root, train=200, test=20))}
+    if name == "arrays":
+        rng = np.random.default_rng(0)
+        np.savez(root / "a.npz", x=rng.random((250, 3), np.float32), y=np.arange(250.0))
+        return {"path": str(root / "a.npz")}
+    return SMALL_SPARSE if name == "sparse" else None
+
+
 @pytest.mark.parametrize("name", catalog.DATASETS)
-def test_train_batches_are_deterministic_and_full(name: str) -> None:
-    kwargs = SMALL_SPARSE if name == "sparse" else None
+def test_train_batches_are_deterministic_and_full(name: str, tmp_path: Path) -> None:
+    kwargs = _files(name, tmp_path)
     a = models.build_dataset(name=name, kwargs=kwargs, seed=1)
     b = models.build_dataset(name=name, kwargs=kwargs, seed=1)
     other = models.build_dataset(name=name, kwargs=kwargs, seed=2)

@@ -1,0 +1,177 @@
+"""Datasets from the user's files: IDX and named arrays, memory-mapped, sharded and resumable
+as the built-ins; every problem named before training."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from jaxps_runtime import config, filedata, models, termination
+from jaxps_runtime.catalog import ModelError
+from tests.unit.test_roles import _start
+
+
+def write_idx(path: Path, array: np.ndarray, *, gz: bool = False) -> None:
+    code = {np.dtype(np.uint8): 0x08, np.dtype(">i4"): 0x0C}[array.dtype]
+    header = bytes([0, 0, code, array.ndim]) + b"".join(n.to_bytes(4, "big") for n in array.shape)
+    data = header + array.tobytes()
+    if gz:
+        path = path.with_name(path.name + ".gz")
+        data = gzip.compress(data)
+    path.write_bytes(data)
+
+
+def mnist_dir(root: Path, *, train: int = 40, test: int = 10, side: int = 4) -> Path:
+    rng = np.random.default_rng(0)
+    for split, n in (("train", train), ("t10k", test)):
+        images = rng.integers(0, 256, (n, side, side), dtype=np.uint8)
+        images[:, 0, 0] = np.arange(n) % 256  # pixel (0, 0) is the example's id
+        write_idx(root / f"{split}-images-idx3-ubyte", images, gz=split == "t10k")
+        write_idx(root / f"{split}-labels-idx1-ubyte", (np.arange(n) % 10).astype(np.uint8))
+    return root
+
+
+def test_idx_files_read_as_scaled_pixels_memory_mapped_gzipped_or_not(tmp_path: Path) -> None:
+    data = models.build_dataset(name="idx", kwargs={"dir": str(mnist_dir(tmp_path))}, seed=3)
+    batch = data.train_batch(worker=0, num_workers=2, step=0, batch_size=8)
+    assert batch["x"].dtype == np.float32
+    assert batch["x"].shape == (8, 16)
+    assert 0.0 <= batch["x"].min() <= batch["x"].max() <= 1.0
+    assert batch["y"].dtype == np.int32
+    ids = np.rint(batch["x"][:, 0] * 255).astype(int)
+    assert all(i % 2 == 0 for i in ids)  # worker 0 of 2 reads its shard only
+    assert np.array_equal(batch["y"], ids % 10)  # images and labels stay paired
+    mapped = filedata.idx_arrays(str(tmp_path), where="w")["train"]["x"]
+    assert isinstance(mapped.base, np.memmap)  # a view of the file, not a copy in memory
+    assert data.test()["x"].shape == (10, 16)  # t10k: gzipped, read into memory
+
+
+def test_a_workers_batches_are_the_same_after_a_restart_and_never_overlap(tmp_path: Path) -> None:
+    root = str(mnist_dir(tmp_path, train=60))
+    first = models.build_dataset(name="idx", kwargs={"dir": root}, seed=1)
+    again = models.build_dataset(name="idx", kwargs={"dir": root}, seed=1)
+    for step in (0, 5, 11):  # across epochs (30 rows per worker, 8 per batch)
+        a = first.train_batch(worker=1, num_workers=2, step=step, batch_size=8)
+        b = again.train_batch(worker=1, num_workers=2, step=step, batch_size=8)
+        assert np.array_equal(a["x"], b["x"])
+    seen = [
+        set(
+            np.rint(
+                first.train_batch(worker=w, num_workers=2, step=0, batch_size=30)["x"][:, 0] * 255
+            ).astype(int)
+        )
+        for w in (0, 1)
+    ]
+    assert not seen[0] & seen[1]
+    assert len(seen[0] | seen[1]) == 60  # one epoch of each worker covers its shard exactly
+
+
+@pytest.mark.parametrize(
+    ("break_it", "message"),
+    [
+        (lambda d: (d / "train-labels-idx1-ubyte").unlink(), "no train-labels-idx1-ubyte"),
+        (lambda d: (d / "train-images-idx3-ubyte").write_bytes(b"PK\x03\x04"), "not an IDX file"),
+        (
+            lambda d: (d / "train-images-idx3-ubyte").write_bytes(
+                (d / "train-images-idx3-ubyte").read_bytes()[:100]
+            ),
+            "the file is cut short",
+        ),
+    ],
+    ids=["missing-file", "not-idx", "truncated"],
+)
+def test_a_broken_mnist_directory_is_named_with_the_file(
+    tmp_path: Path, break_it: object, message: str
+) -> None:
+    root = mnist_dir(tmp_path)
+    break_it(root)  # type: ignore[operator]
+    with pytest.raises(ModelError, match=message) as caught:
+        models.build_dataset(name="idx", kwargs={"dir": str(root)})
+    assert str(caught.value).startswith("dataset.kwargs.dir: ")
+    with pytest.raises(ModelError, match="is not a directory"):
+        models.build_dataset(name="idx", kwargs={"dir": str(tmp_path / "nope")})
+
+
+def test_named_arrays_from_npz_or_npy_with_keys_and_a_test_split(tmp_path: Path) -> None:
+    x = np.arange(50 * 3, dtype=np.float32).reshape(50, 3)
+    labels = np.arange(50, dtype=np.int32)
+    np.savez(tmp_path / "data.npz", images=x, labels=labels)
+    np.savez_compressed(tmp_path / "packed.npz", images=x, labels=labels)
+    (tmp_path / "dir").mkdir()
+    np.save(tmp_path / "dir" / "images.npy", x)
+    np.save(tmp_path / "dir" / "labels.npy", labels)
+    for source in ("data.npz", "packed.npz", "dir"):
+        data = models.build_dataset(
+            name="arrays",
+            kwargs={"path": str(tmp_path / source), "keys": {"x": "images", "y": "labels"}},
+        )
+        batch = data.train_batch(worker=0, num_workers=1, step=0, batch_size=5)
+        assert set(batch) == {"x", "y"}
+        assert np.array_equal(batch["x"][:, 0] / 3, batch["y"])  # rows stay paired
+        assert list(data.test()["y"]) == list(range(40, 50))  # the last 20% by default
+    stored = filedata.array_files(str(tmp_path / "data.npz"), where="w")
+    assert isinstance(stored["images"], np.memmap)  # stored members are not read whole
+    held = models.build_dataset(
+        name="arrays",
+        kwargs={"path": str(tmp_path / "data.npz"), "test": str(tmp_path / "dir")},
+    )
+    assert len(held.test()["labels"]) == 50
+
+
+def test_array_problems_name_the_field_and_the_file(tmp_path: Path) -> None:
+    np.savez(tmp_path / "data.npz", x=np.zeros((4, 2)), y=np.zeros(5))
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({}, "dataset.kwargs.path: expected the path of a file or directory"),
+        ({"path": str(tmp_path / "none.npz")}, "none.npz: no such file"),
+        ({"path": str(tmp_path / "data.npz")}, "the arrays differ in rows"),
+        (
+            {"path": str(tmp_path / "data.npz"), "keys": {"x": "pixels"}},
+            "dataset.kwargs.keys: .* has no array 'pixels'; it has x, y",
+        ),
+        ({"path": str(tmp_path), "keys": {"x": 3}}, "dataset.kwargs.keys: expected an object"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ModelError, match=message):
+            models.build_dataset(name="arrays", kwargs=kwargs)
+
+
+@pytest.fixture
+def termination_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    monkeypatch.setenv(termination.ENV, str(log))
+    return log
+
+
+def test_a_shape_the_model_does_not_take_fails_at_start_naming_both(
+    tmp_path: Path, termination_log: Path
+) -> None:
+    (tmp_path / "m").mkdir()
+    training = {
+        "model": {"name": "mlp"},  # 64 inputs: the 8x8 digits
+        "dataset": {"name": "idx", "kwargs": {"dir": str(mnist_dir(tmp_path / "m"))}},
+    }
+    assert _start(json.dumps(training)) == config.EXIT_INVALID_TRAINING
+    line = termination_log.read_text()
+    assert "model 'mlp' cannot train on dataset 'idx'" in line
+    assert "x: float32[32, 16]" in line
+
+
+def test_a_dataset_smaller_than_the_workers_fails_at_start(
+    tmp_path: Path, termination_log: Path
+) -> None:
+    np.savez(tmp_path / "one.npz", x=np.zeros((2, 1), np.float32), y=np.zeros(2, np.float32))
+    training = {
+        "model": {"name": "linear", "kwargs": {"features": 1}},
+        "dataset": {
+            "name": "arrays",
+            "kwargs": {"path": str(tmp_path / "one.npz"), "testFraction": 0.5},
+        },
+    }
+    assert _start(json.dumps(training)) == config.EXIT_INVALID_TRAINING
+    assert "2 workers but only 1 training examples" in termination_log.read_text()
