@@ -157,6 +157,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DatasetConfig:
     name: str = "digits"
+    module: str | None = None  # "pkg.mod:factory" for a user dataset
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -269,12 +270,22 @@ def _default_dataset(raw_model: object) -> str:
 
 def _dataset(raw: object, path: str, *, default: str) -> DatasetConfig:
     reader = _Reader(raw, path, DatasetConfig)
+    module = reader.string("module", None)
     dataset = DatasetConfig(
-        name=reader.string("name", default, allowed=catalog.DATASETS) or default,
+        name=(
+            reader.string("name", "user")
+            if module is not None
+            else reader.string("name", default, allowed=catalog.DATASETS)
+        )
+        or default,
+        module=module,
         kwargs=reader.mapping("kwargs"),
     )
     reader.done()
-    catalog.check_dataset(dataset.name, dataset.kwargs, where=path)
+    if module is not None:  # its kwargs are the factory's: checked where it is called
+        catalog.check_module(module, where=f"{path}.module")
+    else:
+        catalog.check_dataset(dataset.name, dataset.kwargs, where=path)
     return dataset
 
 

@@ -44,6 +44,13 @@ The dataset is configured separately: a built-in, or the user's files (``jaxps_r
 * ``idx`` (``dir``: MNIST's or Fashion-MNIST's four IDX files, maybe gzipped): ``x`` float32
   ``[B, rows*cols]`` in [0, 1], ``y`` int32 ``[B]``, what ``mlp`` with ``inputs: 784`` takes.
 
+Or your own: ``dataset.module: "package.module:factory"`` (leave ``name`` out); the runtime
+calls ``factory(**dataset.kwargs)``, which returns either the arrays, ``{"train": {key: array},
+"test": {key: array}}`` (jaxps shards, shuffles and resumes them as the built-ins; memory-mapped
+arrays are read a batch at a time), or an object with ``train_batch(*, worker, num_workers,
+step, batch_size)`` and ``test()`` (then a batch must be a function of those arguments, or a
+restarted worker reads other data).
+
 Its batches are ``{name: array}`` (``synthetic``: ``x`` float32 ``[B, features]``, ``y``
 float32 ``[B]``).
 ``examples/user_model/quadratic.py`` is a complete example: with ``examples/user_model`` on
@@ -389,10 +396,19 @@ def build_model(
     return EmbeddingModel(rows=opts["rows"], dim=opts["dim"], ids_per_example=opts["idsPerExample"])
 
 
-def build_dataset(*, name: str, kwargs: Mapping[str, Any] | None = None, seed: int = 0) -> Dataset:
-    """The built-in dataset `name`; its split, generated values and batch order follow `seed`."""
-    opts = catalog.check_dataset(name, kwargs)
+def build_dataset(
+    *,
+    name: str,
+    module: str | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    seed: int = 0,
+) -> Dataset:
+    """The built-in dataset `name` (its split, generated values and batch order follow `seed`),
+    or, when `module` is set, the user's (`_user_dataset`; then `name` is only a label)."""
     seed = catalog.count("seed", seed, minimum=0)
+    if module is not None:
+        return _user_dataset(module, kwargs, seed=seed)
+    opts = catalog.check_dataset(name, kwargs)
     if name == "synthetic":
         return SyntheticDataset(
             features=opts["features"],
@@ -423,8 +439,45 @@ def build_dataset(*, name: str, kwargs: Mapping[str, Any] | None = None, seed: i
     )
 
 
-def _user_model(module: str, kwargs: Mapping[str, Any] | None) -> Model:
-    where = "model.module"
+def _user_dataset(module: str, kwargs: Mapping[str, Any] | None, *, seed: int) -> Dataset:
+    """``factory(**kwargs)`` returns either the arrays, ``{"train": {key: array}, "test": {key:
+    array}}`` (jaxps then shards, shuffles and resumes them as the built-ins), or an object with
+    ``train_batch(*, worker, num_workers, step, batch_size)`` and ``test()`` (the `Dataset`
+    protocol: then a batch must be a function of those arguments, or a restart reads other
+    data)."""
+    made = _from_factory(module, kwargs, field="dataset")
+    where = f"dataset.module: {module!r}"
+    if callable(getattr(made, "train_batch", None)) and callable(getattr(made, "test", None)):
+        dataset: Dataset = made
+        return dataset
+    if not isinstance(made, Mapping) or set(made) != {"train", "test"}:
+        raise ModelError(
+            f"{where} returned a {type(made).__name__}; expected {{'train': {{key: array}}, "
+            "'test': {key: array}} or an object with train_batch(...) and test()"
+        )
+    splits: dict[str, dict[str, np.ndarray]] = {}
+    for split in ("train", "test"):
+        arrays = made[split]
+        if not isinstance(arrays, Mapping) or not arrays:
+            raise ModelError(f"{where}: its {split!r} is not a non-empty mapping of arrays")
+        splits[split] = {str(k): np.asarray(v) for k, v in arrays.items()}
+        lengths = {k: len(v) if v.ndim else 0 for k, v in splits[split].items()}
+        if len(set(lengths.values())) > 1 or 0 in lengths.values():
+            raise ModelError(
+                f"{where}: the {split} arrays differ in rows or are empty ({lengths}); every "
+                "array is one value per example"
+            )
+    if set(splits["train"]) != set(splits["test"]):
+        raise ModelError(
+            f"{where}: train has keys {sorted(splits['train'])}, test {sorted(splits['test'])}"
+        )
+    return ArrayDataset(train=splits["train"], test=splits["test"], seed=seed)
+
+
+def _from_factory(module: str, kwargs: Mapping[str, Any] | None, *, field: str) -> Any:
+    """``factory(**kwargs)`` of ``module = "package.module:factory"``; errors name
+    `<field>.module` or `<field>.kwargs`."""
+    where = f"{field}.module"
     expected = "expected 'package.module:factory', importable from PYTHONPATH"
     module_name, factory_path = catalog.check_module(module, where=where)
     try:
@@ -444,14 +497,19 @@ def _user_model(module: str, kwargs: Mapping[str, Any] | None) -> Model:
     if not callable(obj):
         raise ModelError(f"{where}: {module!r}: {factory_path!r} is not callable; {expected}")
     if kwargs is not None and not isinstance(kwargs, Mapping):
-        raise ModelError(f"model.kwargs: expected an object of keyword arguments, got {kwargs!r}")
+        raise ModelError(f"{field}.kwargs: expected an object of keyword arguments, got {kwargs!r}")
     factory: Callable[..., Any] = obj
     try:
-        model: Model = factory(**(kwargs or {}))
+        return factory(**(kwargs or {}))
     except ModelError:
         raise
-    except (TypeError, ValueError) as err:
-        raise ModelError(f"model.kwargs: {module} refused them: {err}") from err
+    except (TypeError, ValueError, OSError) as err:
+        raise ModelError(f"{field}.kwargs: {module} refused them: {err}") from err
+
+
+def _user_model(module: str, kwargs: Mapping[str, Any] | None) -> Model:
+    where = "model.module"
+    model: Model = _from_factory(module, kwargs, field="model")
     missing = [m for m in ("init", "loss", "evaluate") if not callable(getattr(model, m, None))]
     sparse = getattr(model, "sparse", None)
     if not isinstance(sparse, Mapping) or not all(

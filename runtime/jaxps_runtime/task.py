@@ -58,7 +58,9 @@ class Task:
     @functools.cached_property
     def dataset(self) -> models.Dataset:
         d = self.training.dataset
-        return models.build_dataset(name=d.name, kwargs=d.kwargs, seed=self.training.seed)
+        return models.build_dataset(
+            name=d.name, module=d.module, kwargs=d.kwargs, seed=self.training.seed
+        )
 
     @functools.cached_property
     def shapes(self) -> Any:

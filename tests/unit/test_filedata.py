@@ -175,3 +175,73 @@ def test_a_dataset_smaller_than_the_workers_fails_at_start(
     }
     assert _start(json.dumps(training)) == config.EXIT_INVALID_TRAINING
     assert "2 workers but only 1 training examples" in termination_log.read_text()
+
+
+USER_DATA = """
+import numpy as np
+
+def arrays(rows=20):
+    x = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+    return {"train": {"x": x, "y": x[:, 0]}, "test": {"x": x[:4], "y": x[:4, 0]}}
+
+class Stream:
+    def train_batch(self, *, worker, num_workers, step, batch_size):
+        return {"x": np.full((batch_size, 2), step, np.float32)}
+    def test(self):
+        return {"x": np.zeros((3, 2), np.float32)}
+
+def stream():
+    return Stream()
+
+def ragged():
+    return {"train": {"x": np.zeros((3, 2)), "y": np.zeros(2)}, "test": {"x": np.zeros(1)}}
+
+def nothing():
+    return [1, 2]
+"""
+
+
+@pytest.fixture
+def user_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "my_data.py").write_text(USER_DATA)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "my_data"
+
+
+def test_a_user_dataset_module_gives_arrays_jaxps_shards_or_its_own_batches(
+    user_data: str,
+) -> None:
+    data = models.build_dataset(name="x", module=f"{user_data}:arrays", kwargs={"rows": 30})
+    assert isinstance(data, models.ArrayDataset)
+    a = data.train_batch(worker=1, num_workers=2, step=3, batch_size=4)
+    assert all(int(v) % 2 == 1 for v in a["x"][:, 0] / 2)  # worker 1's shard: odd rows
+    b = models.build_dataset(name="x", module=f"{user_data}:arrays", kwargs={"rows": 30})
+    assert np.array_equal(a["x"], b.train_batch(worker=1, num_workers=2, step=3, batch_size=4)["x"])
+    own = models.build_dataset(name="x", module=f"{user_data}:stream")
+    assert own.train_batch(worker=0, num_workers=1, step=7, batch_size=2)["x"][0, 0] == 7
+
+
+@pytest.mark.parametrize(
+    ("module", "kwargs", "message"),
+    [
+        ("{m}:ragged", None, "the train arrays differ in rows"),
+        ("{m}:nothing", None, "returned a list; expected"),
+        ("{m}:arrays", {"colums": 3}, "dataset.kwargs: {m}:arrays refused them"),
+        ("{m}:missing", None, "dataset.module: '{m}:missing': '{m}' has no attribute"),
+        ("no_such_data:make", None, "dataset.module: 'no_such_data:make': cannot import"),
+    ],
+    ids=["ragged", "not-arrays", "bad-kwargs", "no-factory", "no-module"],
+)
+def test_a_user_dataset_that_does_not_fit_is_named(
+    user_data: str, module: str, kwargs: dict[str, Any] | None, message: str
+) -> None:
+    with pytest.raises(ModelError, match=message.format(m=user_data)):
+        models.build_dataset(name="x", module=module.format(m=user_data), kwargs=kwargs)
+
+
+def test_the_configuration_takes_a_dataset_module_with_any_kwargs() -> None:
+    parsed = config.parse({"dataset": {"module": "pkg.data:make", "kwargs": {"anything": 1}}})
+    assert parsed.dataset.module == "pkg.data:make"
+    assert parsed.dataset.kwargs == {"anything": 1}
+    with pytest.raises(config.TrainingConfigError, match=r"dataset\.module"):
+        config.parse({"dataset": {"module": "not a module"}})
