@@ -164,6 +164,12 @@ DATASET_ARGUMENTS: Mapping[str, Mapping[str, Argument]] = {
         "keys": Argument(None, batch_keys),
         "testFraction": Argument(0.2, fraction),
     },
+    "parquet": {
+        "path": Argument(None, path),
+        "test": Argument(None, optional_path),
+        "columns": Argument(None, batch_keys),
+        "testFraction": Argument(0.2, fraction),
+    },
     "idx": {"dir": Argument(None, path)},
 }
 MODELS: tuple[str, ...] = tuple(MODEL_ARGUMENTS)

@@ -1,7 +1,8 @@
-"""Datasets read from the user's files: named arrays (`.npz`, a directory of `.npy`) and MNIST's
-IDX files. Paths come from the manifest: a volume every pod mounts, locally any directory.
+"""Datasets read from the user's files: named arrays (`.npz`, a directory of `.npy`), Parquet
+(pyarrow) and MNIST's IDX files. Paths come from the manifest: a volume every pod mounts,
+locally any directory.
 
-Both are `models.ArrayDataset`s, so they shard, shuffle and resume exactly as the built-ins do:
+All are `models.ArrayDataset`s, so they shard, shuffle and resume exactly as the built-ins do:
 worker `w` of `n` reads rows `w::n` of the training set in an order drawn from (seed, worker,
 epoch), and the batch of a worker's local step `s` is a pure function of (seed, w, n, s). The
 chief's checkpoint holds each worker's step (its data cursor), so a restarted worker or a
@@ -12,6 +13,8 @@ would add a dependency and a second notion of position for no new property.)
 Nothing larger than a batch is read into memory: `.npy` files and the stored (uncompressed)
 members of an `.npz` are memory-mapped, as are IDX files; a batch reads only its rows. A
 compressed `.npz` member or a gzipped IDX file is decompressed into memory (said in the log).
+Parquet columns are decoded once into memory (Parquet pages are compressed): a Parquet dataset
+must fit in memory; convert a larger one to `.npy` files.
 
 Every problem is a `ModelError` naming the field (`dataset.kwargs.path`), the path and what
 was expected, raised when the task starts, before training: a permanent failure.
@@ -282,3 +285,92 @@ def arrays_dataset(
     else:
         train, held = split_tail(train, test_fraction, path=path, where=f"{where}.testFraction")
     return ArrayDataset(train=train, test=held, seed=seed)
+
+
+# --- Parquet ----------------------------------------------------------------------------------
+
+
+def parquet_arrays(
+    path: str, columns: Mapping[str, str] | None, *, where: str
+) -> dict[str, np.ndarray]:
+    """Columns of a Parquet file (or a directory of them) as arrays under their batch keys
+    (`columns`: {batch key: column}; none: every column under its name). Numeric columns give
+    [n] arrays, fixed-size lists of numbers [n, width]; nulls are refused."""
+    import pyarrow as pa  # noqa: PLC0415 (only a job on Parquet needs it)
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    source = Path(path)
+    if not source.exists():
+        raise ModelError(f"{where}: {path}: no such file or directory; expected a Parquet file")
+    try:
+        schema = pq.read_schema(source) if source.is_file() else pq.ParquetDataset(source).schema
+    except (OSError, pa.ArrowException) as err:
+        raise ModelError(f"{where}: {path}: not readable as Parquet ({err})") from None
+    chosen = dict(columns) if columns else {name: name for name in schema.names}
+    missing = sorted(c for c in chosen.values() if c not in schema.names)
+    if missing:
+        raise ModelError(
+            f"{where.rsplit('.', 1)[0]}.columns: {path} has no column "
+            f"{', '.join(map(repr, missing))}; it has {', '.join(schema.names)}"
+        )
+    try:
+        table = pq.read_table(source, columns=sorted(set(chosen.values())), memory_map=True)
+    except (OSError, pa.ArrowException) as err:
+        raise ModelError(f"{where}: {path}: not readable as Parquet ({err})") from None
+    out = {}
+    for key, name in chosen.items():
+        column = table.column(name)
+        if column.null_count:
+            raise ModelError(
+                f"{where}: {path}: column {name!r} has {column.null_count} null values; "
+                "every example needs a value"
+            )
+        kind = column.type
+        if pa.types.is_fixed_size_list(kind) and _numeric(kind.value_type):
+            flat = column.combine_chunks().flatten().to_numpy()
+            out[key] = flat.reshape(len(column), kind.list_size)
+        elif _numeric(kind):
+            out[key] = column.to_numpy()
+        else:
+            raise ModelError(
+                f"{where}: {path}: column {name!r} is {kind}; expected numbers or fixed-size "
+                "lists of numbers"
+            )
+    return out
+
+
+def _numeric(kind: Any) -> bool:
+    import pyarrow as pa  # noqa: PLC0415
+
+    return bool(
+        pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+    )
+
+
+def parquet_dataset(
+    *,
+    path: str,
+    test: str | None,
+    columns: Mapping[str, str] | None,
+    test_fraction: float,
+    seed: int,
+    where: str = "dataset.kwargs",
+) -> ArrayDataset:
+    """Parquet columns under the batch keys `columns` gives (default: their names)."""
+    train = parquet_arrays(path, columns, where=f"{where}.path")
+    _same_rows(train, path=path, where=f"{where}.path")
+    if test is not None:
+        held = parquet_arrays(test, columns, where=f"{where}.test")
+        _same_rows(held, path=test, where=f"{where}.test")
+    else:
+        train, held = split_tail(train, test_fraction, path=path, where=f"{where}.testFraction")
+    return ArrayDataset(train=train, test=held, seed=seed)
+
+
+def _same_rows(arrays: Mapping[str, np.ndarray], *, path: str, where: str) -> None:
+    if (
+        not arrays
+        or len({len(a) for a in arrays.values()}) != 1
+        or not len(next(iter(arrays.values())))
+    ):
+        raise ModelError(f"{where}: {path}: no rows, or columns of different lengths")

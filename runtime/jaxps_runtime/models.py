@@ -41,6 +41,9 @@ The dataset is configured separately: a built-in, or the user's files (``jaxps_r
 * ``arrays`` (``path``: an ``.npz`` file or a directory of ``.npy`` files, memory-mapped;
   ``test``: the same for the test set, else the last ``testFraction`` of the rows; ``keys``:
   ``{batch key: array name}``, default every array under its name);
+* ``parquet`` (``path``: a Parquet file or a directory of them; ``columns``: ``{batch key:
+  column}``, default every column; numeric or fixed-size-list columns; ``test``,
+  ``testFraction`` as for ``arrays``);
 * ``idx`` (``dir``: MNIST's or Fashion-MNIST's four IDX files, maybe gzipped): ``x`` float32
   ``[B, rows*cols]`` in [0, 1], ``y`` int32 ``[B]``, what ``mlp`` with ``inputs: 784`` takes.
 
@@ -418,11 +421,19 @@ def build_dataset(
         )
     if name == "digits":
         return DigitsDataset(test_fraction=opts["testFraction"], seed=seed)
-    if name in ("arrays", "idx"):
+    if name in ("arrays", "idx", "parquet"):
         from jaxps_runtime import filedata  # noqa: PLC0415 (it builds on ArrayDataset)
 
         if name == "idx":
             return filedata.idx_dataset(directory=opts["dir"], seed=seed)
+        if name == "parquet":
+            return filedata.parquet_dataset(
+                path=opts["path"],
+                test=opts["test"],
+                columns=opts["columns"],
+                test_fraction=opts["testFraction"],
+                seed=seed,
+            )
         return filedata.arrays_dataset(
             path=opts["path"],
             test=opts["test"],

@@ -245,3 +245,46 @@ def test_the_configuration_takes_a_dataset_module_with_any_kwargs() -> None:
     assert parsed.dataset.kwargs == {"anything": 1}
     with pytest.raises(config.TrainingConfigError, match=r"dataset\.module"):
         config.parse({"dataset": {"module": "not a module"}})
+
+
+def test_parquet_columns_become_batch_keys_lists_become_rows(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 40
+    table = pa.table(
+        {
+            "clicked": pa.array(np.arange(n) % 2, pa.int32()),
+            "dense": pa.FixedSizeListArray.from_arrays(
+                pa.array(np.arange(n * 3, dtype=np.float32)), 3
+            ),
+            "id": pa.array(np.arange(n, dtype=np.int64)),
+            "note": pa.array([f"row {i}" for i in range(n)]),
+        }
+    )
+    pq.write_table(table, tmp_path / "clicks.parquet")
+    data = models.build_dataset(
+        name="parquet",
+        kwargs={
+            "path": str(tmp_path / "clicks.parquet"),
+            "columns": {"x": "dense", "y": "clicked", "id": "id"},
+        },
+    )
+    batch = data.train_batch(worker=0, num_workers=2, step=0, batch_size=6)
+    assert batch["x"].shape == (6, 3)
+    assert np.array_equal(batch["x"][:, 0], batch["id"] * 3)  # columns stay paired by row
+    assert np.array_equal(batch["y"], batch["id"] % 2)
+    assert list(data.test()["id"]) == list(range(32, 40))
+    with pytest.raises(ModelError, match="column 'note' is string; expected numbers"):
+        models.build_dataset(name="parquet", kwargs={"path": str(tmp_path / "clicks.parquet")})
+    with pytest.raises(ModelError, match=r"dataset\.kwargs\.columns: .* has no column 'label'"):
+        models.build_dataset(
+            name="parquet",
+            kwargs={"path": str(tmp_path / "clicks.parquet"), "columns": {"y": "label"}},
+        )
+    with pytest.raises(ModelError, match="no such file or directory"):
+        models.build_dataset(name="parquet", kwargs={"path": str(tmp_path / "none.parquet")})
+    with_nulls = pa.table({"y": pa.array([1.0, None, 2.0])})
+    pq.write_table(with_nulls, tmp_path / "nulls.parquet")
+    with pytest.raises(ModelError, match="column 'y' has 1 null values"):
+        models.build_dataset(name="parquet", kwargs={"path": str(tmp_path / "nulls.parquet")})

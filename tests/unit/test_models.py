@@ -102,6 +102,13 @@ def _files(name: str, root: Path) -> dict[str, Any] | None:
         rng = np.random.default_rng(0)
         np.savez(root / "a.npz", x=rng.random((250, 3), np.float32), y=np.arange(250.0))
         return {"path": str(root / "a.npz")}
+    if name == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rng = np.random.default_rng(0)
+        pq.write_table(pa.table({"x": rng.random(250), "y": np.arange(250)}), root / "p.parquet")
+        return {"path": str(root / "p.parquet")}
     return SMALL_SPARSE if name == "sparse" else None
 
 
