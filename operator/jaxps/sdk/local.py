@@ -109,7 +109,8 @@ class LocalBackend:
 
     def delete(self, name: str, *, wait: bool) -> None:
         workdir = self._workdir(name)
-        pid = self._pid(workdir)
+        # only a runner still running: the pid of one that exited may be another process now
+        pid = self._pid(workdir) if self._alive(workdir) else None
         if pid is not None:
             try:
                 os.kill(pid, signal.SIGTERM)
