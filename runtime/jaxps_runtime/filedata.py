@@ -25,7 +25,7 @@ from __future__ import annotations
 import gzip
 import logging
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -267,26 +267,6 @@ def _scaled(batch: Batch) -> Batch:
     }
 
 
-def arrays_dataset(
-    *,
-    path: str,
-    test: str | None,
-    keys: Mapping[str, str] | None,
-    test_fraction: float,
-    seed: int,
-    where: str = "dataset.kwargs",
-) -> ArrayDataset:
-    """Named arrays from files, under the batch keys `keys` gives (default: their names)."""
-    train = select(array_files(path, where=f"{where}.path"), keys, path=path, where=f"{where}.path")
-    if test is not None:
-        held = select(
-            array_files(test, where=f"{where}.test"), keys, path=test, where=f"{where}.test"
-        )
-    else:
-        train, held = split_tail(train, test_fraction, path=path, where=f"{where}.testFraction")
-    return ArrayDataset(train=train, test=held, seed=seed)
-
-
 # --- Parquet ----------------------------------------------------------------------------------
 
 
@@ -347,26 +327,6 @@ def _numeric(kind: Any) -> bool:
     )
 
 
-def parquet_dataset(
-    *,
-    path: str,
-    test: str | None,
-    columns: Mapping[str, str] | None,
-    test_fraction: float,
-    seed: int,
-    where: str = "dataset.kwargs",
-) -> ArrayDataset:
-    """Parquet columns under the batch keys `columns` gives (default: their names)."""
-    train = parquet_arrays(path, columns, where=f"{where}.path")
-    _same_rows(train, path=path, where=f"{where}.path")
-    if test is not None:
-        held = parquet_arrays(test, columns, where=f"{where}.test")
-        _same_rows(held, path=test, where=f"{where}.test")
-    else:
-        train, held = split_tail(train, test_fraction, path=path, where=f"{where}.testFraction")
-    return ArrayDataset(train=train, test=held, seed=seed)
-
-
 def _same_rows(arrays: Mapping[str, np.ndarray], *, path: str, where: str) -> None:
     if (
         not arrays
@@ -374,3 +334,45 @@ def _same_rows(arrays: Mapping[str, np.ndarray], *, path: str, where: str) -> No
         or not len(next(iter(arrays.values())))
     ):
         raise ModelError(f"{where}: {path}: no rows, or columns of different lengths")
+
+
+# --- the datasets of named arrays -------------------------------------------------------------
+
+
+def build(name: str, opts: Mapping[str, Any], *, seed: int) -> ArrayDataset:
+    """The file dataset `name` (`idx`, `arrays`, `parquet`) from its checked keyword arguments."""
+    if name == "idx":
+        return idx_dataset(directory=opts["dir"], seed=seed)
+    if name == "parquet":
+
+        def read(source: str, where: str) -> dict[str, np.ndarray]:
+            arrays = parquet_arrays(source, opts["columns"], where=where)
+            _same_rows(arrays, path=source, where=where)
+            return arrays
+
+    else:
+
+        def read(source: str, where: str) -> dict[str, np.ndarray]:
+            return select(array_files(source, where=where), opts["keys"], path=source, where=where)
+
+    return _split(
+        read, path=opts["path"], test=opts["test"], fraction=opts["testFraction"], seed=seed
+    )
+
+
+def _split(
+    read: Callable[[str, str], dict[str, np.ndarray]],
+    *,
+    path: str,
+    test: str | None,
+    fraction: float,
+    seed: int,
+    where: str = "dataset.kwargs",
+) -> ArrayDataset:
+    """The training set from `path`; the test set from `test`, else the tail of `path`'s rows."""
+    train = read(path, f"{where}.path")
+    if test is not None:
+        held = read(test, f"{where}.test")
+    else:
+        train, held = split_tail(train, fraction, path=path, where=f"{where}.testFraction")
+    return ArrayDataset(train=train, test=held, seed=seed)

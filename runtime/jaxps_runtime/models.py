@@ -424,23 +424,7 @@ def build_dataset(
     if name in ("arrays", "idx", "parquet"):
         from jaxps_runtime import filedata  # noqa: PLC0415 (it builds on ArrayDataset)
 
-        if name == "idx":
-            return filedata.idx_dataset(directory=opts["dir"], seed=seed)
-        if name == "parquet":
-            return filedata.parquet_dataset(
-                path=opts["path"],
-                test=opts["test"],
-                columns=opts["columns"],
-                test_fraction=opts["testFraction"],
-                seed=seed,
-            )
-        return filedata.arrays_dataset(
-            path=opts["path"],
-            test=opts["test"],
-            keys=opts["keys"],
-            test_fraction=opts["testFraction"],
-            seed=seed,
-        )
+        return filedata.build(name, opts, seed=seed)
     return SparseDataset(
         id_range=opts["idRange"],
         ids_per_example=opts["idsPerExample"],

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jaxps_runtime import config, filedata, models, termination
+from jaxps_runtime import config, filedata, models
 from jaxps_runtime.catalog import ModelError
 from tests.unit.test_roles import _start
 
@@ -138,14 +138,6 @@ def test_array_problems_name_the_field_and_the_file(tmp_path: Path) -> None:
     for kwargs, message in cases:
         with pytest.raises(ModelError, match=message):
             models.build_dataset(name="arrays", kwargs=kwargs)
-
-
-@pytest.fixture
-def termination_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    log = tmp_path / "termination-log"
-    log.write_text("")
-    monkeypatch.setenv(termination.ENV, str(log))
-    return log
 
 
 def test_a_shape_the_model_does_not_take_fails_at_start_naming_both(

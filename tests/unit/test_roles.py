@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
-from jaxps_runtime import cluster, config, roles, stopping, termination
+from jaxps_runtime import cluster, config, roles, stopping
 
 WORKER_1 = {
     "cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]},
@@ -28,14 +26,6 @@ def _start(training_env: str | None) -> int:
         metrics_port=0,
         stop=stopping.Stop(),
     )
-
-
-@pytest.fixture
-def termination_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    log = tmp_path / "termination-log"
-    log.write_text("")
-    monkeypatch.setenv(termination.ENV, str(log))
-    return log
 
 
 def test_a_worker_without_jaxps_training_exits_78_naming_the_variable(
