@@ -18,10 +18,10 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 MANIFEST = re.compile(r"^manifest-(\d{9})\.json$")
@@ -140,6 +140,31 @@ def prune(root: Path, *, keep: int, protect: Sequence[int] = ()) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
+class _HasCursors(Protocol):
+    @property
+    def cursors(self) -> Mapping[str, int]: ...
+
+
+def merged_cursors(
+    replies: Sequence[_HasCursors],
+    *,
+    how: Callable[[int, int], int],
+) -> dict[str, int]:
+    """The workers' data cursors the ps tasks report, merged over them by `how` (a worker
+    one ps has not heard of is at 0 there). `max` is where a worker goes on from: a push is
+    sent to every ps, so any ps that counted it saw its batch used. `min` is the cursor every
+    ps's part of a checkpoint covers."""
+    workers = {w for r in replies for w in r.cursors}
+    merged: dict[str, int] = {}
+    for worker in sorted(workers):
+        values = [r.cursors.get(worker, 0) for r in replies]
+        value = values[0]
+        for other in values[1:]:
+            value = how(value, other)
+        merged[worker] = value
+    return merged
+
+
 def save(
     client: Any,
     *,
@@ -149,11 +174,12 @@ def save(
     placement: dict[str, Any],
     optimizer: str,
     mode: str,
-    cursors: dict[str, int],
     keep: int,
     timeout: float,
 ) -> Manifest:
-    """Every ps saves its part at `step`; then the manifest commits the checkpoint."""
+    """Every ps saves its part at `step`; then the manifest commits the checkpoint, with the
+    workers' data cursors the parts were taken with (the lowest over the ps, so a restore
+    never skips a batch whose gradient one of them lacks)."""
     replies = client.save(step=step, directory=str(step_dir(root, step)), timeout=timeout)
     epochs = {r.id.cluster_epoch for r in replies}
     if epochs != {epoch}:
@@ -167,7 +193,7 @@ def save(
         placement=placement,
         optimizer=optimizer,
         mode=mode,
-        cursors=cursors,
+        cursors=merged_cursors(replies, how=min),
         shards=[
             ShardRecord(ps=i, file=r.file, sha256=r.sha256, bytes=r.bytes)
             for i, r in enumerate(replies)

@@ -96,16 +96,14 @@ class Checkpointer:
             return None
         return target if target < self.task.training.steps else None  # the final one covers it
 
-    def start(
-        self, *, step: int, epoch: int, incarnations: list[int], cursors: dict[str, int]
-    ) -> None:
+    def start(self, *, step: int, epoch: int, incarnations: list[int]) -> None:
         self.last_time = time.monotonic()
 
         def run() -> None:
             client = self.task.ps_client()
             client.epoch, client.incarnations = epoch, list(incarnations)
             try:
-                self.save(client, step=step, epoch=epoch, cursors=cursors)
+                self.save(client, step=step, epoch=epoch)
             except (PsClientError, OSError, checkpoint.CheckpointError) as err:
                 log.warning("checkpoint of step %d not committed: %s", step, err)
             except stopping.Stopped as stopped:
@@ -120,7 +118,7 @@ class Checkpointer:
         if self._thread is not None:
             self._thread.join()
 
-    def save(self, client: PsClient, *, step: int, epoch: int, cursors: dict[str, int]) -> None:
+    def save(self, client: PsClient, *, step: int, epoch: int) -> None:
         assert self.root is not None
         training = self.task.training
         started = time.monotonic()
@@ -132,7 +130,6 @@ class Checkpointer:
             placement=self.task.placement.to_dict(),
             optimizer=training.optimizer.to_json(),
             mode=training.mode,
-            cursors=cursors,
             keep=training.checkpoint.keep,
             timeout=max(120.0, 10 * training.workerTimeoutSeconds),
         )
@@ -270,7 +267,6 @@ class Chief:
     def _adopt(self, ready: recovery.Ready) -> None:
         self.membership.epoch = ready.epoch
         self.membership.step = ready.step
-        self.membership.set_cursors(ready.cursors)
         if ready.how == "restored":
             self.last_checkpoint = ready.step
             self.task.metrics.last_checkpoint_step.set(ready.step)
@@ -368,7 +364,6 @@ class Chief:
                     step=target,
                     epoch=client.epoch,
                     incarnations=client.incarnations,
-                    cursors=self.membership.cursors(),
                 )
             alive = self.membership.live_workers(now=now, timeout=training.workerTimeoutSeconds)
             if alive != live:
@@ -447,9 +442,7 @@ class Chief:
         if self.checkpointer.root is not None:
             # The final checkpoint, after the workers drained (TF#32549: not before).
             try:
-                self.checkpointer.save(
-                    client, step=step, epoch=client.epoch, cursors=self.membership.cursors()
-                )
+                self.checkpointer.save(client, step=step, epoch=client.epoch)
             except (PsClientError, OSError, checkpoint.CheckpointError) as err:
                 # The trained values are in hand: they are still evaluated, exported and
                 # reported; only the checkpoint to resume from is the previous one.

@@ -33,6 +33,7 @@ import numpy as np
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime import codec, rpc, stopping, streams
+from jaxps_runtime.checkpoint import merged_cursors
 from jaxps_runtime.config import OptimizerConfig
 from jaxps_runtime.credentials import TaskCredentials
 from jaxps_runtime.placement import Layout, Placement, Shard, named_leaves
@@ -98,6 +99,7 @@ class PsClient:
         self.job_id, self.task = job_id, task
         self.epoch = 0
         self.incarnations = [0] * len(addresses)
+        self.cursors: dict[str, int] = {}  # workers' data cursors, as of the last wait_ready
         self._chunk_bytes = chunk_bytes
         self._channels = [rpc.channel(a, credentials) for a in addresses]
         self._calls = [rpc.PARAMETER_SERVER.callables(ch) for ch in self._channels]
@@ -244,8 +246,8 @@ class PsClient:
     def wait_ready(self, *, timeout: float, log_every: float = 5.0) -> int:
         """Waits until every ps is READY at one epoch (the chief initialised them); the step.
 
-        Adopts the epoch and the incarnations the ps tasks report, logging which ps it is
-        still waiting for and in which state.
+        Adopts the epoch and the incarnations the ps tasks report, and the workers' data
+        cursors (`cursors`), logging which ps it is still waiting for and in which state.
         """
         self.wait_reachable(timeout=timeout, log_every=log_every)
         started = last_log = time.monotonic()
@@ -256,6 +258,7 @@ class PsClient:
             if not waiting and len(epochs) == 1:
                 self.epoch = epochs.pop()
                 self.incarnations = [r.id.ps_incarnation for r in replies]
+                self.cursors = merged_cursors(replies, how=max)
                 return min(r.step for r in replies)
             elapsed = time.monotonic() - started
             names = (
@@ -338,13 +341,20 @@ class PsClient:
 
         return self._each(one)
 
-    def restore(self, files: Sequence[tuple[str, str]], *, step: int) -> None:
-        """Every ps loads its (file, sha256) of a checkpoint (after `init` declared the shards)."""
+    def restore(
+        self,
+        files: Sequence[tuple[str, str]],
+        *,
+        step: int,
+        cursors: Mapping[str, int] | None = None,
+    ) -> None:
+        """Every ps loads its (file, sha256) of a checkpoint (after `init` declared the
+        shards), and the workers' data cursors the checkpoint holds."""
 
         def one(ps: int) -> None:
             file, digest = files[ps]
             request = ps_pb2.RestoreRequest(
-                id=self.identity(ps), step=step, file=file, sha256=digest
+                id=self.identity(ps), step=step, file=file, sha256=digest, cursors=cursors
             )
             self._call(ps, "Restore", lambda: self._calls[ps]["Restore"](request, timeout=300))
 
@@ -421,8 +431,10 @@ class PsClient:
         step: int,
         push_id: str | None = None,
         variables: Collection[str] | None = None,
+        cursor: int = 0,
     ) -> list[ps_pb2.PushReply]:
-        """Pushes one gradient for every variable (or for `variables`) to every ps at once.
+        """Pushes one gradient for every variable (or for `variables`) to every ps at once,
+        with the worker's data `cursor` once it counts (`FrameHeader.cursor`).
 
         Every ps gets the push, even one holding none of its shards, so that each counts it.
         """
@@ -436,6 +448,7 @@ class PsClient:
                 step=step,
                 push_id=push_id,
                 tensors=[self._spec(s) for s in shards],
+                cursor=cursor,
             )
 
             def attempt() -> ps_pb2.PushReply:
@@ -472,6 +485,7 @@ class PsClient:
         push_id: str | None = None,
         rows: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
         push_only: bool = False,
+        cursor: int = 0,
     ) -> tuple[int, dict[str, np.ndarray], list[ps_pb2.PushReply]]:
         """`push` (and `sparse_push` of `rows`) then `pull(min_step=...)` of the same dense
         variables, in one round trip per ps; with `push_only`, the push alone (no values).
@@ -496,6 +510,7 @@ class PsClient:
                 min_step=min_step,
                 push_only=push_only,
                 tensors=[*(self._spec(s) for s in shards), *specs],
+                cursor=cursor,
             )
             buffers = [*self._buffers(arrays, shards), *map(streams.byte_view, values)]
             sinks = [] if push_only else self._dense_sinks(shards, out)

@@ -40,7 +40,6 @@ class Member:
     done: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
     examples_per_second: float = 0.0
-    cursor: int = 0  # batches of its data shard the task has used
 
 
 class Membership:
@@ -72,18 +71,6 @@ class Membership:
                 member.step, member.loss, member.done = request.step, request.loss, request.done
                 member.metrics = dict(request.metrics)
                 member.examples_per_second = request.examples_per_second
-                member.cursor = max(member.cursor, request.cursor)
-
-    def set_cursors(self, cursors: dict[str, int]) -> None:
-        """Data cursors from a checkpoint, handed to workers that register afterwards."""
-        with self._lock:
-            for task, cursor in cursors.items():
-                member = self._members.setdefault(task, Member(task, last_seen=0.0))
-                member.cursor = max(member.cursor, cursor)
-
-    def cursors(self) -> dict[str, int]:
-        with self._lock:
-            return {t: m.cursor for t, m in self._members.items() if t in self.workers}
 
     def live_workers(self, *, now: float, timeout: float) -> list[str]:
         """Workers heard from within `timeout` or done; in cluster order."""
@@ -127,23 +114,21 @@ class CoordinatorServicer:
         self.membership = membership
         self.task = task
 
-    def _state(self, task: str = "") -> co_pb2.CoordinatorState:
+    def _state(self) -> co_pb2.CoordinatorState:
         m = self.membership
         live = m.live_workers(now=time.monotonic(), timeout=math.inf)
-        member = m.member(task) if task else None
         return co_pb2.CoordinatorState(
             id=tensor_pb2.Identity(job_id=m.job_id, cluster_epoch=m.epoch, task=self.task),
             step=m.step,
             stop=m.stop,
             live_workers=len(live),
-            cursor=member.cursor if member else 0,
         )
 
     def Register(self, request: co_pb2.RegisterRequest, context: grpc.ServicerContext) -> Any:  # noqa: N802
         _abort_other_job(context, self.membership.job_id, request.id, "Register")
         self.membership.seen(request, time.monotonic())
-        state = self._state(request.id.task)
-        log.info("%s registered (data cursor %d)", request.id.task, state.cursor)
+        state = self._state()
+        log.info("%s registered", request.id.task)
         return state
 
     def Heartbeat(self, request: co_pb2.HeartbeatRequest, context: grpc.ServicerContext) -> Any:  # noqa: N802
@@ -216,7 +201,6 @@ class CoordinatorClient:
         done: bool = False,
         metrics: dict[str, float] | None = None,
         examples_per_second: float = 0.0,
-        cursor: int = 0,
     ) -> co_pb2.CoordinatorState | None:
         request = co_pb2.HeartbeatRequest(
             id=self._id,
@@ -226,7 +210,6 @@ class CoordinatorClient:
             done=done,
             metrics=metrics or {},
             examples_per_second=examples_per_second,
-            cursor=cursor,
         )
         if self._stop.is_set:
             return None

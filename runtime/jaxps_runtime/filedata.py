@@ -4,9 +4,11 @@ locally any directory.
 
 All are `models.ArrayDataset`s, so they shard, shuffle and resume exactly as the built-ins do:
 worker `w` of `n` reads rows `w::n` of the training set in an order drawn from (seed, worker,
-epoch), and the batch of a worker's local step `s` is a pure function of (seed, w, n, s). The
-chief's checkpoint holds each worker's step (its data cursor), so a restarted worker or a
-restored job reads on from where the checkpoint was, neither repeating nor skipping. (This is
+epoch), and the batch of a worker's local step `s` is a pure function of (seed, w, n, s). Each
+push carries the worker's data cursor (the batches it has used); the ps records it with the
+update and in its part of every checkpoint, so a restarted worker reads on right after the
+last batch whose gradient reached the ps, and a restored job from the checkpoint's position:
+neither repeating nor skipping a batch that counted. (This is
 what Grain's index samplers give; with the sampler already a pure function of the step, Grain
 would add a dependency and a second notion of position for no new property.)
 
@@ -97,6 +99,12 @@ def _idx_header(
         raise ModelError(f"{where}: {path}: an IDX header of {ndim} dimensions is cut short")
     shape = tuple(int.from_bytes(head[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     return np.dtype(IDX_TYPES[head[2]]), shape, 4 + 4 * ndim
+
+
+def has_idx_files(directory: str) -> bool:
+    """Whether `directory` holds any of MNIST's four files (then all four must be there)."""
+    root = Path(directory)
+    return any((root / n).is_file() or (root / f"{n}.gz").is_file() for n in MNIST_FILES.values())
 
 
 def idx_arrays(directory: str, *, where: str) -> dict[str, dict[str, np.ndarray]]:

@@ -94,6 +94,7 @@ class ParameterServicer:
             optimizer=store.optimizer_json(),
             mode=store.mode.kind,
             awaiting=store.awaiting(),
+            cursors=store.cursors(),
         )
 
     @_guarded
@@ -227,7 +228,12 @@ class ParameterServicer:
             time.perf_counter() - started,
         )
         return ps_pb2.CheckpointReply(
-            id=store.identity(), step=snapshot.step, file=str(path), sha256=digest, bytes=size
+            id=store.identity(),
+            step=snapshot.step,
+            file=str(path),
+            sha256=digest,
+            bytes=size,
+            cursors=snapshot.cursors,
         )
 
     @_guarded
@@ -252,7 +258,11 @@ class ParameterServicer:
                 f"the job now uses {store.optimizer_json()}",
             )
         store.restore(
-            step=request.step, values=contents.values, states=contents.states, where=str(path)
+            step=request.step,
+            values=contents.values,
+            states=contents.states,
+            where=str(path),
+            cursors=dict(request.cursors),
         )
         log.info("%s: restored step %d from %s", store.task, request.step, path)
         return ps_pb2.CheckpointReply(
@@ -342,6 +352,7 @@ class ParameterServicer:
         helds = [store.matching(s, where=where) for s in specs]
         refusal = store.admit(step=header.step)
         if refusal is not None:
+            store.note_cursor(header.id.task, header.cursor)
             return refusal
         by_name = {h.spec.name: h for h in helds}
         assembler = streams.Assembler(specs, allocate=lambda spec: by_name[spec.name].staging())
@@ -355,7 +366,9 @@ class ParameterServicer:
                 for i, (s, h) in enumerate(zip(specs, helds, strict=True))
             }
             contributor = header.id.task or header.push_id
-            return store.contribute(step=header.step, contributor=contributor, grads=grads)
+            return store.contribute(
+                step=header.step, contributor=contributor, grads=grads, cursor=header.cursor
+            )
         # Async and bounded staleness: each shard is updated as soon as its bytes are in.
         try:
             return self._push_async(
@@ -395,7 +408,10 @@ class ParameterServicer:
                 "applied, a retry with the same push_id applies the rest",
             )
         return store.finish_push(
-            push_id=header.push_id, computed_at=header.step, contributor=header.id.task
+            push_id=header.push_id,
+            computed_at=header.step,
+            contributor=header.id.task,
+            cursor=header.cursor,
         )
 
     def _push_reply(self, result: PushResult) -> ps_pb2.PushReply:

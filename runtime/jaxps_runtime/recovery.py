@@ -14,7 +14,7 @@ stops with that error rather than train from something it cannot load.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -35,7 +35,6 @@ class Ready:
     epoch: int
     step: int
     how: str  # "adopted", "restored" or "initialised"
-    cursors: dict[str, int] = field(default_factory=dict)
 
 
 def bring_up(
@@ -59,9 +58,8 @@ def bring_up(
         client.epoch = epochs.pop()
         client.incarnations = [s.id.ps_incarnation for s in statuses]
         step = min(s.step for s in statuses)
-        latest = _latest(task)
         log.info("adopting the live ps state at step %d (epoch %d)", step, client.epoch)
-        return Ready(client.epoch, step, "adopted", latest.cursors if latest else {})
+        return Ready(client.epoch, step, "adopted")
     epoch = max(*epochs, epoch_floor) + 1
     client.incarnations = [0] * len(client.addresses)
     return restore_or_initialise(client, task, epoch=epoch, mode=mode, workers=workers)
@@ -70,12 +68,6 @@ def bring_up(
 def _root(task: Task) -> Path | None:
     directory = task.training.checkpoint.dir
     return Path(directory) if directory else None
-
-
-def _latest(task: Task) -> checkpoint.Manifest | None:
-    root = _root(task)
-    manifests = checkpoint.committed(root) if root else []
-    return manifests[0] if manifests else None
 
 
 def restore_or_initialise(
@@ -105,7 +97,11 @@ def restore_or_initialise(
             workers=workers,
         )
         try:
-            client.restore([files[i] for i in range(len(client.addresses))], step=manifest.step)
+            client.restore(
+                [files[i] for i in range(len(client.addresses))],
+                step=manifest.step,
+                cursors=manifest.cursors,
+            )
         except PsClientError as err:
             if err.code != grpc.StatusCode.DATA_LOSS:
                 raise
@@ -119,7 +115,7 @@ def restore_or_initialise(
         log.info(
             "restored every ps from the checkpoint of step %d (epoch %d)", manifest.step, epoch
         )
-        return Ready(epoch, manifest.step, "restored", dict(manifest.cursors))
+        return Ready(epoch, manifest.step, "restored")
     if root is not None:
         log.info("no usable checkpoint in %s: initialising from seed %d", root, training.seed)
     params = task.initial_params()

@@ -119,6 +119,7 @@ class Snapshot:
     optimizer: str
     values: dict[str, jax.Array]
     states: dict[str, Any]
+    cursors: dict[str, int] = field(default_factory=dict)  # workers' data cursors at `step`
 
 
 @dataclass(frozen=True)
@@ -153,13 +154,17 @@ class ParameterStore:
         self._workers: tuple[str, ...] = ()
         self._clocks: dict[str, int] = {}  # pushes counted per worker (bounded staleness)
         self._reserved = 0  # async pushes admitted and not yet counted (see `admit`)
+        # Each worker's data cursor as of the pushes counted so far: changed with the step,
+        # under the same lock, so a snapshot holds the cursors that match its values.
+        self._cursors: dict[str, int] = {}
         self._snapshots: dict[int, Future[Snapshot]] = {}  # step -> taken when it is reached
-        # Sync: the running sums of the current step, who contributed them, and whether the
-        # step is sealed (being applied: later pushes for it are stale, as backup workers' are).
+        # Sync: the running sums of the current step, who contributed them (with the cursor
+        # each push carried, recorded when the step is applied), and whether the step is
+        # sealed (being applied: later pushes for it are stale, as backup workers' are).
         # Guarded by `_sync_lock`, taken before `_lock` when both are needed.
         self._sync_lock = threading.Lock()
         self._sums: dict[str, np.ndarray] = {}
-        self._contributors: set[str] = set()
+        self._contributors: dict[str, int] = {}
         self._sealed = False
 
     # --- identity and state ------------------------------------------------------------
@@ -272,8 +277,9 @@ class ParameterStore:
                 self._mode = mode or Mode()
                 self._workers = tuple(workers)
                 self._clocks = {}
+                self._cursors = {}
                 self._reserved = 0
-                self._sums, self._contributors, self._sealed = {}, set(), False
+                self._sums, self._contributors, self._sealed = {}, {}, False
                 self._tensors = {s.name: Held(s) for s in specs}
                 self._optimizer, self._applier = optimizer, applier
                 self._epoch, self._step = epoch, step
@@ -367,8 +373,11 @@ class ParameterStore:
 
         return self._executor.submit(run)
 
-    def finish_push(self, *, push_id: str, computed_at: int, contributor: str = "") -> PushResult:
-        """Counts one push whose shards are applied: the step advances by one (async).
+    def finish_push(
+        self, *, push_id: str, computed_at: int, contributor: str = "", cursor: int = 0
+    ) -> PushResult:
+        """Counts one push whose shards are applied: the step advances by one (async), and the
+        contributor's data cursor becomes `cursor` with it.
 
         Every ps counts every push, including pushes that carry none of its shards, so the ps
         steps stay equal; a push whose id was counted before is a duplicate and counts nothing.
@@ -380,6 +389,7 @@ class ParameterStore:
                 self._step += 1
                 if contributor:
                     self._clocks[contributor] = self._clocks.get(contributor, 0) + 1
+                    self._note_cursor_locked(contributor, cursor)
                 self._take_snapshot_if_asked()
                 self._changed.notify_all()
             if push_id:
@@ -396,6 +406,23 @@ class ParameterStore:
         self.counters.add("pushes_accepted")
         self.counters.set("staleness", float(max(step - 1 - computed_at, 0)))
         return PushResult(accepted=True, step=step)
+
+    # --- data cursors -----------------------------------------------------------------------
+
+    def _note_cursor_locked(self, worker: str, cursor: int) -> None:
+        if worker and cursor > self._cursors.get(worker, 0):
+            self._cursors[worker] = cursor
+
+    def note_cursor(self, worker: str, cursor: int) -> None:
+        """A push that does not count (refused as stale or as past the last step) still used
+        its batch: the worker goes on after it, and so does a restart of it."""
+        with self._lock:
+            self._note_cursor_locked(worker, cursor)
+
+    def cursors(self) -> dict[str, int]:
+        """Each worker's data cursor: the batches it has used whose pushes this ps counted."""
+        with self._lock:
+            return dict(self._cursors)
 
     # --- modes ----------------------------------------------------------------------------
 
@@ -439,7 +466,12 @@ class ParameterStore:
             self._reserved = max(self._reserved - 1, 0)
 
     def contribute(
-        self, *, step: int, contributor: str, grads: Mapping[str, tuple[Held, np.ndarray]]
+        self,
+        *,
+        step: int,
+        contributor: str,
+        grads: Mapping[str, tuple[Held, np.ndarray]],
+        cursor: int = 0,
     ) -> PushResult:
         """Sync: adds one worker's gradient to the step's sums; the last one applies the mean.
 
@@ -451,6 +483,7 @@ class ParameterStore:
             current = self._step
             if step != current or self._sealed:
                 self.counters.add("pushes_stale")
+                self.note_cursor(contributor, cursor)
                 return PushResult(
                     False, current, f"stale: computed at step {step}, step {current} is closed"
                 )
@@ -464,26 +497,28 @@ class ParameterStore:
                 else:
                     np.add(total, grad, out=total)
                     held.recycle(grad)
-            self._contributors.add(contributor)
+            self._contributors[contributor] = cursor
             self.counters.add("pushes_accepted")
             ready = self._seal_if_complete()
         if ready is not None:
             return PushResult(True, self._apply_mean(*ready))
         return PushResult(True, current)
 
-    def _seal_if_complete(self) -> tuple[dict[str, np.ndarray], int] | None:
-        """With `_sync_lock` held: takes the sums out once enough gradients are in."""
+    def _seal_if_complete(self) -> tuple[dict[str, np.ndarray], dict[str, int]] | None:
+        """With `_sync_lock` held: takes the sums (and who contributed them, with their
+        cursors) out once enough gradients are in."""
         count = len(self._contributors)
         if count == 0 or count < self._expected():
             return None
         sums, self._sums = self._sums, {}
-        self._contributors = set()
+        contributors, self._contributors = self._contributors, {}
         self._sealed = True
-        return sums, count
+        return sums, contributors
 
-    def _apply_mean(self, sums: dict[str, np.ndarray], count: int) -> int:
-        """Applies sums / count to every shard, then opens the next step; returns it."""
-        pending = []
+    def _apply_mean(self, sums: dict[str, np.ndarray], contributors: dict[str, int]) -> int:
+        """Applies the mean of the contributors' gradients to every shard, then opens the next
+        step with their cursors; returns it."""
+        pending, count = [], len(contributors)
         for name, total in sums.items():
             np.divide(total, count, out=total)
             held = self._tensors.get(name)
@@ -493,6 +528,8 @@ class ParameterStore:
             future.result()
         with self._sync_lock, self._changed:
             self._step += 1
+            for worker, cursor in contributors.items():
+                self._note_cursor_locked(worker, cursor)
             self._sealed = False
             self._take_snapshot_if_asked()
             self._changed.notify_all()
@@ -582,6 +619,7 @@ class ParameterStore:
             optimizer=self.optimizer_json(),
             values={n: _readable(h.value) for n, h in held if h.value is not None},
             states={n: jax.tree_util.tree_map(_readable, h.opt_state) for n, h in held},
+            cursors=dict(self._cursors),
         )
 
     def _take_snapshot_if_asked(self) -> None:
@@ -634,8 +672,10 @@ class ParameterStore:
         values: Mapping[str, np.ndarray],
         states: Mapping[str, list[np.ndarray]],
         where: str,
+        cursors: Mapping[str, int] | None = None,
     ) -> None:
-        """Loads every declared shard and its optimizer state; READY at `step`."""
+        """Loads every declared shard and its optimizer state; READY at `step`, with the
+        workers' data cursors of the checkpoint."""
         with self._lock:
             tensors, applier = dict(self._tensors), self._applier
             if self._state != ps_pb2.ASSIGNING or applier is None:
@@ -680,6 +720,7 @@ class ParameterStore:
                 for name, (value, state) in loaded.items():
                     self._tensors[name].value, self._tensors[name].opt_state = value, state
                 self._step = step
+                self._cursors = dict(cursors or {})
                 self._state = ps_pb2.READY
                 self._changed.notify_all()
 

@@ -127,7 +127,11 @@ class Worker:
         self.step = 0
         self.loss = math.nan
         self.times = StepTimes()
-        self.cursor = 0  # batches of this worker's data shard used so far
+        # Batches of this worker's data shard used so far. Each push carries the cursor it
+        # makes; the ps tier records it with the update (and in checkpoints), and a worker
+        # (re)starting or recovering goes on from that record: after the last batch whose
+        # gradient reached the ps, or from the restored checkpoint's position.
+        self.cursor = 0
         self._grad = jax.jit(jax.value_and_grad(task.model.loss))
 
     def _wanted_rows(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -151,7 +155,6 @@ class Worker:
                 loss=self.loss,
                 metrics=self.times.means(),
                 examples_per_second=self.times.examples_per_second(),
-                cursor=self.cursor,
             )
             if state is not None and state.stop:
                 log.info("%s: the chief says training is over", self.task.name)
@@ -162,9 +165,9 @@ class Worker:
         coordinator = self.task.coordinator()
         beat: threading.Thread | None = None
         try:
-            state = coordinator.register(timeout=training.startupTimeoutSeconds)
-            self.cursor = state.cursor if state is not None else 0
+            coordinator.register(timeout=training.startupTimeoutSeconds)
             self.step = self.client.wait_ready(timeout=training.startupTimeoutSeconds)
+            self.cursor = self.client.cursors.get(self.task.name, 0)
             log.info(
                 "%s: ps ready at step %d (epoch %d); training %s, data shard %d of %d from "
                 "batch %d",
@@ -195,7 +198,6 @@ class Worker:
                         done=True,
                         metrics=self.times.means(),
                         examples_per_second=self.times.examples_per_second(),
-                        cursor=self.cursor,
                     )
             coordinator.close()
             self.client.close()
@@ -234,13 +236,19 @@ class Worker:
                 if time.monotonic() - started > self.task.training.startupTimeoutSeconds:
                     raise
                 continue
+            cursor = self.client.cursors.get(self.task.name, 0)
             log.info(
-                "%s: ps tier ready again at step %d (epoch %d) after %.1f s",
+                "%s: ps tier ready again at step %d (epoch %d) after %.1f s; data from batch %d%s",
                 self.task.name,
                 self.step,
                 self.client.epoch,
                 time.monotonic() - started,
+                cursor,
+                f" (the checkpoint's: {self.cursor - cursor} batches again)"
+                if cursor < self.cursor
+                else "",
             )
+            self.cursor = cursor
             return True
         return False
 
@@ -298,13 +306,14 @@ class Worker:
                 variables=dense,
                 rows=sparse,
                 push_only=not keep,
+                cursor=self.cursor + 1,
             )
             if keep:
                 self._buffers, self._pulled = values, next_step
         else:
             if sparse:
                 self.client.sparse_push(sparse, step=step)
-            replies = self.client.push(named, step=step, variables=dense)
+            replies = self.client.push(named, step=step, variables=dense, cursor=self.cursor + 1)
         pushed = time.perf_counter()
         self.cursor += 1
         task.metrics.loss.set(self.loss)

@@ -16,7 +16,7 @@ class RegisterRequest(_message.Message):
     def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., task_incarnation: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("id", "task_incarnation", "step", "loss", "done", "metrics", "examples_per_second", "cursor")
+    __slots__ = ("id", "task_incarnation", "step", "loss", "done", "metrics", "examples_per_second")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -31,7 +31,6 @@ class HeartbeatRequest(_message.Message):
     DONE_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     EXAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
-    CURSOR_FIELD_NUMBER: _ClassVar[int]
     id: _tensor_pb2.Identity
     task_incarnation: int
     step: int
@@ -39,19 +38,16 @@ class HeartbeatRequest(_message.Message):
     done: bool
     metrics: _containers.ScalarMap[str, float]
     examples_per_second: float
-    cursor: int
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., task_incarnation: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., done: _Optional[bool] = ..., metrics: _Optional[_Mapping[str, float]] = ..., examples_per_second: _Optional[float] = ..., cursor: _Optional[int] = ...) -> None: ...
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., task_incarnation: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., done: _Optional[bool] = ..., metrics: _Optional[_Mapping[str, float]] = ..., examples_per_second: _Optional[float] = ...) -> None: ...
 
 class CoordinatorState(_message.Message):
-    __slots__ = ("id", "step", "stop", "live_workers", "cursor")
+    __slots__ = ("id", "step", "stop", "live_workers")
     ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     LIVE_WORKERS_FIELD_NUMBER: _ClassVar[int]
-    CURSOR_FIELD_NUMBER: _ClassVar[int]
     id: _tensor_pb2.Identity
     step: int
     stop: bool
     live_workers: int
-    cursor: int
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., step: _Optional[int] = ..., stop: _Optional[bool] = ..., live_workers: _Optional[int] = ..., cursor: _Optional[int] = ...) -> None: ...
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., step: _Optional[int] = ..., stop: _Optional[bool] = ..., live_workers: _Optional[int] = ...) -> None: ...

@@ -39,7 +39,7 @@ class StatusRequest(_message.Message):
     def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("id", "state", "step", "tensors", "counters", "optimizer", "mode", "awaiting")
+    __slots__ = ("id", "state", "step", "tensors", "counters", "optimizer", "mode", "awaiting", "cursors")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,13 @@ class StatusReply(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class CursorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +62,7 @@ class StatusReply(_message.Message):
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     AWAITING_FIELD_NUMBER: _ClassVar[int]
+    CURSORS_FIELD_NUMBER: _ClassVar[int]
     id: _tensor_pb2.Identity
     state: PsState
     step: int
@@ -63,7 +71,8 @@ class StatusReply(_message.Message):
     optimizer: str
     mode: TrainingMode
     awaiting: int
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., state: _Optional[_Union[PsState, str]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., counters: _Optional[_Mapping[str, float]] = ..., optimizer: _Optional[str] = ..., mode: _Optional[_Union[TrainingMode, str]] = ..., awaiting: _Optional[int] = ...) -> None: ...
+    cursors: _containers.ScalarMap[str, int]
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., state: _Optional[_Union[PsState, str]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., counters: _Optional[_Mapping[str, float]] = ..., optimizer: _Optional[str] = ..., mode: _Optional[_Union[TrainingMode, str]] = ..., awaiting: _Optional[int] = ..., cursors: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class InitRequest(_message.Message):
     __slots__ = ("id", "tensors", "optimizer", "step", "mode", "replicas_to_aggregate", "max_staleness", "last_step", "workers")
@@ -158,30 +167,48 @@ class SaveRequest(_message.Message):
     def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., step: _Optional[int] = ..., directory: _Optional[str] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("id", "step", "file", "sha256")
+    __slots__ = ("id", "step", "file", "sha256", "cursors")
+    class CursorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     FILE_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
+    CURSORS_FIELD_NUMBER: _ClassVar[int]
     id: _tensor_pb2.Identity
     step: int
     file: str
     sha256: str
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., step: _Optional[int] = ..., file: _Optional[str] = ..., sha256: _Optional[str] = ...) -> None: ...
+    cursors: _containers.ScalarMap[str, int]
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., step: _Optional[int] = ..., file: _Optional[str] = ..., sha256: _Optional[str] = ..., cursors: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class CheckpointReply(_message.Message):
-    __slots__ = ("id", "step", "file", "sha256", "bytes")
+    __slots__ = ("id", "step", "file", "sha256", "bytes", "cursors")
+    class CursorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     FILE_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
+    CURSORS_FIELD_NUMBER: _ClassVar[int]
     id: _tensor_pb2.Identity
     step: int
     file: str
     sha256: str
     bytes: int
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., step: _Optional[int] = ..., file: _Optional[str] = ..., sha256: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
+    cursors: _containers.ScalarMap[str, int]
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., step: _Optional[int] = ..., file: _Optional[str] = ..., sha256: _Optional[str] = ..., bytes: _Optional[int] = ..., cursors: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ("id", "reason")

@@ -31,7 +31,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., rows: _Optional[bytes] = ...) -> None: ...
 
 class FrameHeader(_message.Message):
-    __slots__ = ("id", "step", "tensors", "push_id", "min_step", "accepted", "reason", "push_only")
+    __slots__ = ("id", "step", "tensors", "push_id", "min_step", "accepted", "reason", "push_only", "cursor")
     ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class FrameHeader(_message.Message):
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     PUSH_ONLY_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
     id: Identity
     step: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
@@ -48,7 +49,8 @@ class FrameHeader(_message.Message):
     accepted: bool
     reason: str
     push_only: bool
-    def __init__(self, id: _Optional[_Union[Identity, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., push_id: _Optional[str] = ..., min_step: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., push_only: _Optional[bool] = ...) -> None: ...
+    cursor: int
+    def __init__(self, id: _Optional[_Union[Identity, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., push_id: _Optional[str] = ..., min_step: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., push_only: _Optional[bool] = ..., cursor: _Optional[int] = ...) -> None: ...
 
 class Frame(_message.Message):
     __slots__ = ("header", "tensor", "offset", "data")
