@@ -105,6 +105,21 @@ def optional_path(where: str, value: object) -> str | None:
     return None if value is None else path(where, value)
 
 
+def optional_count(where: str, value: object) -> int | None:
+    return None if value is None else count(where, value)
+
+
+def _fallback(where: str, value: object) -> str | None:
+    """None, or a built-in dataset that needs no files (used when the files are absent)."""
+    allowed = ("synthetic", "digits", "sparse")
+    if value is not None and value not in allowed:
+        raise ModelError(
+            f"{where}: {value!r} is not a built-in dataset without files; allowed: "
+            f"{', '.join(allowed)}, or leave it out to require the files"
+        )
+    return None if value is None else str(value)
+
+
 def batch_keys(where: str, value: object) -> dict[str, str] | None:
     """None (every array under its own name), or {batch key: array name}."""
     if value is None:
@@ -135,7 +150,8 @@ MODEL_ARGUMENTS: Mapping[str, Mapping[str, Argument]] = {
     "linear": {"features": Argument(16, count)},
     "mlp": {
         "hidden": Argument((64,), widths),
-        "inputs": Argument(64, count),
+        # None: the width of the dataset's `x` (64 without a dataset, the digits' width)
+        "inputs": Argument(None, optional_count),
         "classes": Argument(10, _classes),
     },
     "embedding": {
@@ -170,7 +186,8 @@ DATASET_ARGUMENTS: Mapping[str, Mapping[str, Argument]] = {
         "columns": Argument(None, batch_keys),
         "testFraction": Argument(0.2, fraction),
     },
-    "idx": {"dir": Argument(None, path)},
+    # `fallback`: the built-in trained on when `dir` holds none of the four files
+    "idx": {"dir": Argument(None, path), "fallback": Argument(None, _fallback)},
 }
 MODELS: tuple[str, ...] = tuple(MODEL_ARGUMENTS)
 DATASETS: tuple[str, ...] = tuple(DATASET_ARGUMENTS)

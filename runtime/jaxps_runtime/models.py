@@ -11,8 +11,9 @@ Built-in models (``catalog.MODELS``) and the dataset each trains on by default
 
 * ``linear`` (``features``) on ``synthetic`` (``features``, ``examples``, ``testExamples``):
   least-squares regression; metrics ``loss``.
-* ``mlp`` (``hidden``, ``inputs``, ``classes``) on ``digits`` (``testFraction``): a relu
-  classifier on scikit-learn's bundled 8x8 digits; metrics ``loss``, ``accuracy``.
+* ``mlp`` (``hidden``, ``inputs``: default the width of the dataset's ``x``, ``classes``) on
+  ``digits`` (``testFraction``): a relu classifier on scikit-learn's bundled 8x8 digits;
+  metrics ``loss``, ``accuracy``.
 * ``embedding`` (``rows``, ``dim``, ``idsPerExample``) on ``sparse`` (``idRange``,
   ``idsPerExample``, ``examples``, ``testExamples``): a large embedding table read sparsely,
   binary labels; metrics ``loss``, ``accuracy``.
@@ -45,7 +46,11 @@ The dataset is configured separately: a built-in, or the user's files (``jaxps_r
   column}``, default every column; numeric or fixed-size-list columns; ``test``,
   ``testFraction`` as for ``arrays``);
 * ``idx`` (``dir``: MNIST's or Fashion-MNIST's four IDX files, maybe gzipped): ``x`` float32
-  ``[B, rows*cols]`` in [0, 1], ``y`` int32 ``[B]``, what ``mlp`` with ``inputs: 784`` takes.
+  ``[B, rows*cols]`` in [0, 1], ``y`` int32 ``[B]``, what ``mlp`` takes (784 inputs);
+  ``fallback: digits`` trains on that built-in when ``dir`` holds none of the files (said in
+  the log), so one manifest runs with and without them.
+
+A Flax module (Linen or NNX) with a loss is a model too: ``jaxps_runtime.flaxmodel``.
 
 Or your own: ``dataset.module: "package.module:factory"`` (leave ``name`` out); the runtime
 calls ``factory(**dataset.kwargs)``, which returns either the arrays, ``{"train": {key: array},
@@ -67,7 +72,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
@@ -76,7 +83,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxps_runtime import catalog
+from jaxps_runtime import catalog, flaxmodel
 
 Params = Any
 """A pytree (nested dict) of jax arrays."""
@@ -84,6 +91,7 @@ Batch = dict[str, np.ndarray]
 """Named arrays with the same number of rows."""
 
 _ZIPF_EXPONENT = 1.2
+log = logging.getLogger(__name__)
 
 ModelError = catalog.ModelError
 """Bad model or dataset configuration; the message names the field, the value and what is
@@ -384,18 +392,38 @@ class SparseDataset(ArrayDataset):
 # --- building by name -------------------------------------------------------------------------
 
 
+def _width(batch: Batch, *, key: str, where: str) -> int:
+    """The number of columns of `batch[key]`, for a model sized by its dataset."""
+    array = batch.get(key)
+    if array is None or np.ndim(array) != 2:
+        shape = None if array is None else list(np.shape(array))
+        raise ModelError(
+            f"{where}: not set, and the dataset's {key!r} is {shape}, not [examples, columns] "
+            "to take it from; set it"
+        )
+    return int(np.shape(array)[1])
+
+
 def build_model(
-    *, name: str, module: str | None = None, kwargs: Mapping[str, Any] | None = None
+    *,
+    name: str,
+    module: str | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    example: Callable[[], Batch] | None = None,
 ) -> Model:
     """The built-in model `name`, or, when `module` is set, ``factory(**kwargs)`` from
-    ``module = "package.module:factory"`` (then `name` is only a label)."""
+    ``module = "package.module:factory"`` (then `name` is only a label). `example` gives an
+    example batch, for a Flax Linen module to initialise from."""
     if module is not None:
-        return _user_model(module, kwargs)
+        return _user_model(module, kwargs, example=example)
     opts = catalog.check_model(name, kwargs)
     if name == "linear":
         return LinearModel(features=opts["features"])
     if name == "mlp":
-        return MlpModel(hidden=opts["hidden"], inputs=opts["inputs"], classes=opts["classes"])
+        inputs = opts["inputs"]
+        if inputs is None:  # the dataset's width
+            inputs = _width(example(), key="x", where="model.kwargs.inputs") if example else 64
+        return MlpModel(hidden=opts["hidden"], inputs=inputs, classes=opts["classes"])
     return EmbeddingModel(rows=opts["rows"], dim=opts["dim"], ids_per_example=opts["idsPerExample"])
 
 
@@ -424,6 +452,15 @@ def build_dataset(
     if name in ("arrays", "idx", "parquet"):
         from jaxps_runtime import filedata  # noqa: PLC0415 (it builds on ArrayDataset)
 
+        if name == "idx" and opts["fallback"] and not filedata.has_idx_files(opts["dir"]):
+            log.warning(
+                "dataset.kwargs.dir: no MNIST IDX files in %s (put %s there, each may end "
+                ".gz); training on the built-in %r instead (dataset.kwargs.fallback)",
+                Path(opts["dir"]).resolve(),
+                ", ".join(filedata.MNIST_FILES.values()),
+                opts["fallback"],
+            )
+            return build_dataset(name=opts["fallback"], seed=seed)
         return filedata.build(name, opts, seed=seed)
     return SparseDataset(
         id_range=opts["idRange"],
@@ -502,9 +539,14 @@ def _from_factory(module: str, kwargs: Mapping[str, Any] | None, *, field: str) 
         raise ModelError(f"{field}.kwargs: {module} refused them: {err}") from err
 
 
-def _user_model(module: str, kwargs: Mapping[str, Any] | None) -> Model:
+def _user_model(
+    module: str, kwargs: Mapping[str, Any] | None, *, example: Callable[[], Batch] | None
+) -> Model:
     where = "model.module"
-    model: Model = _from_factory(module, kwargs, field="model")
+    made = _from_factory(module, kwargs, field="model")
+    if flaxmodel.is_flax(made):
+        return flaxmodel.adapt(made, where=f"{where}: {module!r}", example=example)
+    model: Model = made
     missing = [m for m in ("init", "loss", "evaluate") if not callable(getattr(model, m, None))]
     sparse = getattr(model, "sparse", None)
     if not isinstance(sparse, Mapping) or not all(
@@ -514,6 +556,7 @@ def _user_model(module: str, kwargs: Mapping[str, Any] | None) -> Model:
     if missing:
         raise ModelError(
             f"{where}: {module!r} returned a {type(model).__name__} lacking "
-            f"{', '.join(missing)}; a model needs sparse, init, loss and evaluate"
+            f"{', '.join(missing)}; a model needs sparse, init, loss and evaluate (or return a "
+            "Flax module and its loss: see jaxps_runtime.flaxmodel)"
         )
     return model

@@ -53,7 +53,14 @@ class Task:
     @functools.cached_property
     def model(self) -> models.Model:
         m = self.training.model
-        return models.build_model(name=m.name, module=m.module, kwargs=m.kwargs)
+        return models.build_model(
+            name=m.name, module=m.module, kwargs=m.kwargs, example=self._example
+        )
+
+    def _example(self) -> models.Batch:
+        """The first held-out example, a batch of one (what a Flax Linen module initialises
+        from; reading it is no training read)."""
+        return {key: array[:1] for key, array in self.dataset.test().items()}
 
     @functools.cached_property
     def dataset(self) -> models.Dataset:

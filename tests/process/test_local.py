@@ -22,7 +22,11 @@ EXAMPLES = ROOT / "examples"
 
 
 def jaxps_local(
-    manifest: Path, tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+    manifest: Path,
+    tmp_path: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> tuple[int, dict[str, Any], str]:
     done = subprocess.run(
         [
@@ -41,6 +45,7 @@ def jaxps_local(
         text=True,
         timeout=600,
         check=False,
+        cwd=cwd,
     )
     status = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
     logs = "\n".join(

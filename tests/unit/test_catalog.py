@@ -14,7 +14,7 @@ from jaxps_runtime import catalog
 def test_a_built_in_model_gets_every_default_and_keeps_what_is_given() -> None:
     assert catalog.check_model("mlp", {"hidden": [32, 16]}) == {
         "hidden": (32, 16),
-        "inputs": 64,
+        "inputs": None,  # the dataset's width
         "classes": 10,
     }
     assert catalog.check_model("linear", None) == {"features": 16}

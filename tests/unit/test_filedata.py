@@ -145,7 +145,7 @@ def test_a_shape_the_model_does_not_take_fails_at_start_naming_both(
 ) -> None:
     (tmp_path / "m").mkdir()
     training = {
-        "model": {"name": "mlp"},  # 64 inputs: the 8x8 digits
+        "model": {"name": "mlp", "kwargs": {"inputs": 64}},  # the 8x8 digits' width
         "dataset": {"name": "idx", "kwargs": {"dir": str(mnist_dir(tmp_path / "m"))}},
     }
     assert _start(json.dumps(training)) == config.EXIT_INVALID_TRAINING
