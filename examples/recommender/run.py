@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
+from sklearn.metrics import roc_auc_score
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -32,10 +33,14 @@ sys.path.insert(0, str(HERE))
 from wide_deep import CARDINALITIES, CATEGORICAL, DENSE  # noqa: E402
 
 ZIPF = 1.1
+TEST_FRACTION = 0.1  # the held-out tail of the log
 
 
-def click_log(path: Path, *, rows: int, cardinalities: list[int], seed: int = 0) -> float:
-    """Writes the log as Parquet; returns its click rate."""
+def click_log(
+    path: Path, *, rows: int, cardinalities: list[int], seed: int = 0
+) -> tuple[float, float]:
+    """Writes the log as Parquet; returns its click rate and the AUC the hidden model itself
+    scores on the held-out tail (the ceiling: no model can rank the clicks better)."""
     rng = np.random.default_rng(seed)
     columns: dict[str, np.ndarray] = {}
     logit = np.full(rows, -1.6)
@@ -54,7 +59,8 @@ def click_log(path: Path, *, rows: int, cardinalities: list[int], seed: int = 0)
     clicked = rng.random(rows) < 1 / (1 + np.exp(-logit))
     table = pa.table({"label": clicked.astype(np.int32), **columns})
     pq.write_table(table, path)
-    return float(clicked.mean())
+    test = slice(rows - round(TEST_FRACTION * rows), rows)
+    return float(clicked.mean()), float(roc_auc_score(clicked[test], logit[test]))
 
 
 def manifest(*, log: Path, cardinalities: list[int], steps: int) -> dict:
@@ -70,7 +76,10 @@ def manifest(*, log: Path, cardinalities: list[int], steps: int) -> dict:
                     "module": "wide_deep:make",
                     "kwargs": {"cardinalities": cardinalities, "dim": 8, "hidden": [64, 32]},
                 },
-                "dataset": {"name": "parquet", "kwargs": {"path": str(log), "testFraction": 0.1}},
+                "dataset": {
+                    "name": "parquet",
+                    "kwargs": {"path": str(log), "testFraction": TEST_FRACTION},
+                },
                 "mode": "async",
                 "steps": steps,
                 "batchSize": 256,
@@ -115,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     cardinalities = [max(2, round(c * args.scale)) for c in CARDINALITIES]
     log = args.workdir / "clicks.parquet"
     started = time.monotonic()
-    rate = click_log(log, rows=args.rows, cardinalities=cardinalities)
+    rate, ceiling = click_log(log, rows=args.rows, cardinalities=cardinalities)
     print(
         f"click log: {args.rows} rows, click rate {rate:.3f}, tables {cardinalities[:4]}..., "
         f"{log} ({time.monotonic() - started:.0f} s)",
@@ -146,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         "auc": round(progress["eval"]["auc"], 4),
         "accuracy": round(progress["eval"]["accuracy"], 4),
         "clickRate": round(rate, 4),
+        "ceilingAuc": round(ceiling, 4),
         "steps": progress["step"],
         "stepsPerSecond": progress.get("stepsPerSecond"),
         "examplesPerSecond": round(progress.get("stepsPerSecond", 0) * 256, 1),
@@ -156,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         parts = ", ".join(f"ps-{s['ps']} rows {s['rows'][0]}-{s['rows'][1]}" for s in shards)
         print(f"  {column:>4} {sum(s['mb'] for s in shards):8.2f} MB  {parts}")
     print(
-        f"AUC {result['auc']} (accuracy {result['accuracy']}, click rate {result['clickRate']}); "
+        f"AUC {result['auc']} (the generating model's own: {result['ceilingAuc']}; accuracy "
+        f"{result['accuracy']}, click rate {result['clickRate']}); "
         f"{result['stepsPerSecond']} steps/s, {result['examplesPerSecond']} examples/s"
     )
     print(json.dumps(result))

@@ -111,10 +111,6 @@ def overlap_steps_per_second(spans: list[tuple[float, float, float, float]]) -> 
     return (step1 - step0) / (t1 - t0) if t1 > t0 else 0.0
 
 
-def _bucket(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
 class Worker:
     """One worker's training loop (also run by worker 0 when the job has no chief)."""
 
@@ -133,15 +129,22 @@ class Worker:
         # gradient reached the ps, or from the restored checkpoint's position.
         self.cursor = 0
         self._grad = jax.jit(jax.value_and_grad(task.model.loss))
+        self._table_rows = {
+            v.name: v.shape[0] for v in task.placement.variables if v.name in task.tables
+        }
 
     def _wanted_rows(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The rows the batch uses per table (unique, padded to a power of two); remaps the
-        batch's ids to positions in them."""
+        """The rows the batch uses per table, unique; remaps the batch's ids to positions in
+        them. Padded (with the first row again, whose padding gradients are zero) to as many
+        rows as the batch has ids or the table has rows, whichever is fewer: one shape per
+        table for every batch, so the step compiles once, whatever the number of unique ids
+        (a model with many tables would otherwise meet new shapes at nearly every step)."""
         wanted: dict[str, np.ndarray] = {}
         for variable, key in self.task.tables.items():
             ids = np.asarray(batch[key], dtype=np.int64)
             unique, inverse = np.unique(ids, return_inverse=True)
-            padded = np.full(_bucket(unique.size), unique[0] if unique.size else 0, np.int64)
+            size = max(min(ids.size, self._table_rows[variable]), unique.size)
+            padded = np.full(size, unique[0] if unique.size else 0, np.int64)
             padded[: unique.size] = unique
             wanted[variable] = padded
             batch[key] = inverse.reshape(ids.shape)

@@ -249,8 +249,9 @@ class E2eJobs(Jobs):
     def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> str:
         return self.cluster.kubectl("-n", self.namespace, *args, check=check, stdin=stdin)
 
-    def checkpoint_claim(self, claim: str) -> None:
-        """A PersistentVolumeClaim bound to a hostPath volume on the node: a shared disk."""
+    def checkpoint_claim(self, claim: str) -> Path:
+        """A PersistentVolumeClaim bound to a hostPath volume on the node: a shared disk (for
+        checkpoints, or data); its directory on the node."""
         assert self.node is not None
         volume = f"{self.namespace}-{claim}"
         path = self.node.volume(volume)
@@ -284,6 +285,7 @@ class E2eJobs(Jobs):
             "-",
             stdin=json.dumps({"kind": "List", "apiVersion": "v1", "items": [pv, pvc]}),
         )
+        return path
 
     def wait_done(self, name: str, timeout: float = JOB_TIMEOUT) -> dict[str, Any]:
         """Waits with `kubectl wait` for Succeeded; fails with the status, pods and logs."""

@@ -29,6 +29,7 @@ from tests.e2e.harness import (
     namespace,
     phase,
 )
+from tests.process.test_datasets import learnable_mnist
 
 # a test's time includes its share of the tier's set-up (images, node, chart)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -143,6 +144,48 @@ def test_the_mnist_example_trains_to_succeeded(jobs: E2eJobs) -> None:
     keep(
         f"{jobs.kubectl('get', 'tj,pods', '-o', 'wide')}\n.status.progress: {shown}\n", "mnist.txt"
     )
+
+
+def test_the_mnist_example_reads_idx_files_from_a_volume_every_pod_mounts(jobs: E2eJobs) -> None:
+    body = manifest(ROOT / "examples" / "mnist.yaml")
+    name = body["metadata"]["name"] = "mnist-files"
+    body["spec"]["training"]["checkpoint"]["claimName"] = f"{name}-checkpoints"
+    checkpoints = jobs.checkpoint_claim(f"{name}-checkpoints")
+    data = learnable_mnist(jobs.checkpoint_claim(f"{name}-data"))
+    for file in data.iterdir():
+        file.chmod(0o644)  # the runtime runs as an unprivileged user
+    mount = {
+        "spec": {
+            "volumes": [
+                {
+                    "name": "mnist",
+                    "persistentVolumeClaim": {"claimName": f"{name}-data", "readOnly": True},
+                }
+            ],
+            "containers": [
+                {
+                    "name": "jaxps",
+                    "volumeMounts": [
+                        {"name": "mnist", "mountPath": "/data/mnist", "readOnly": True}
+                    ],
+                }
+            ],
+        }
+    }
+    for replica in body["spec"]["replicaSpecs"].values():
+        replica["template"] = mount
+    jobs.apply(body)
+    job = jobs.wait_done(name)
+    assert accuracy(job) >= 0.9, job["status"]
+    # the example's relative dir (data/mnist) is /data/mnist in a pod: the files were read, so
+    # the MLP took the images' 784 inputs (not the fallback digits' 64)
+    [latest] = sorted(checkpoints.glob("manifest-*.json"))[-1:]
+    shapes = {
+        v["name"]: v["shape"] for v in json.loads(latest.read_text())["placement"]["variables"]
+    }
+    assert shapes["['hidden_0']['kernel']"] == [784, 64]
+    logs = jobs.kubectl("logs", f"{name}-worker-0")
+    assert "training on the built-in" not in logs
 
 
 def kubectl_jaxps(jobs: E2eJobs, *args: str) -> subprocess.CompletedProcess[str]:
