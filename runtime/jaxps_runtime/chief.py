@@ -19,6 +19,7 @@ their state) and committing no checkpoint it has not got every shard of.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -42,6 +43,7 @@ from jaxps_runtime import (
     stopping,
     summaries,
     termination,
+    watch,
 )
 from jaxps_runtime.client import PsClient, PsClientError
 from jaxps_runtime.config import TrainingConfig
@@ -76,29 +78,23 @@ class Checkpointer:
         # TensorFlow's CheckpointSaverHook default when neither is given: every 600 s.
         self.every_seconds = config.everySeconds or (None if config.everySteps else 600.0)
         self.last_step: int | None = None
-        self.last_time = time.monotonic()
         self._thread: threading.Thread | None = None
 
-    def target(self, step: int) -> int | None:
-        """The step of the next checkpoint, or None if none is due.
+    @property
+    def busy(self) -> bool:
+        """Whether a periodic checkpoint is being written (one at a time)."""
+        return self._thread is not None and self._thread.is_alive()
 
-        With `everySteps` a Save is always pending at the next multiple of it: each ps takes
-        its snapshot exactly there, so a crash loses at most one interval. With only
-        `everySeconds`, the next step once the time has passed.
-        """
-        if self.root is None or (self._thread is not None and self._thread.is_alive()):
-            return None
-        if self.every_steps:
-            target = (step // self.every_steps + 1) * self.every_steps
-        elif self.every_seconds and time.monotonic() - self.last_time >= self.every_seconds:
-            target = step + 1
-        else:
-            return None
-        return target if target < self.task.training.steps else None  # the final one covers it
+    def policy(self, *, steps: int) -> watch.Policy:
+        """When periodic checkpoints are due (`watch.checkpoint_target`)."""
+        return watch.Policy(
+            steps=steps,
+            checkpoints=self.root is not None,
+            every_steps=self.every_steps,
+            every_seconds=self.every_seconds,
+        )
 
     def start(self, *, step: int, epoch: int, incarnations: list[int]) -> None:
-        self.last_time = time.monotonic()
-
         def run() -> None:
             client = self.task.ps_client()
             client.epoch, client.incarnations = epoch, list(incarnations)
@@ -274,19 +270,6 @@ class Chief:
             self.tensorboard.restarted(step=ready.step)
         self._recorded = ready.step  # the next point once training moves on from here
 
-    @staticmethod
-    def _ps_problem(client: PsClient, statuses: list[ps_pb2.StatusReply]) -> str | None:
-        """Why the ps tier needs a rollback (a ps restarted or not ready), or None."""
-        for i, status in enumerate(statuses):
-            if status.id.ps_incarnation != client.incarnations[i]:
-                return f"ps-{i} restarted (incarnation {status.id.ps_incarnation})"
-            if status.state != ps_pb2.READY or status.id.cluster_epoch != client.epoch:
-                return (
-                    f"ps-{i} is {ps_pb2.PsState.Name(status.state)} at epoch "
-                    f"{status.id.cluster_epoch}"
-                )
-        return None
-
     def _recover(self, client: PsClient, problem: str) -> None:
         """Rolls every ps back to the last committed checkpoint, at a new epoch."""
         started, before = time.monotonic(), self.membership.step
@@ -324,75 +307,102 @@ class Chief:
             ready.epoch,
         )
 
+    def _observe(self, client: PsClient) -> watch.Observation:
+        """One look: one Status per ps (the step comes from the same replies that say the tier
+        is healthy: a second call could meet a ps that died in between, uncaught), and which
+        workers were heard from."""
+        try:
+            seen = tuple(watch.PsSeen.of(s) for s in client.statuses(timeout=10))
+            unreachable = ""
+        except PsClientError as err:
+            seen, unreachable = (), str(err)
+        now = time.monotonic()
+        alive = self.membership.live_workers(now=now, timeout=self.training.workerTimeoutSeconds)
+        return watch.Observation(
+            now=now,
+            ps=seen,
+            unreachable=unreachable,
+            alive=tuple(alive),
+            checkpointing=self.checkpointer.busy,
+        )
+
     def _watch(self, client: PsClient) -> int:
-        """Until the global step reaches `steps`; returns 0, or 1 if every worker is gone."""
-        training, metrics = self.training, self.task.metrics
-        live = list(self.task.worker_names)
+        """Until the global step reaches `steps`; returns 0, or 1 if every worker is gone. The
+        decisions are `watch.decide`'s; this carries them out."""
+        training = self.training
+        policy = self.checkpointer.policy(steps=training.steps)
+        state = watch.State(
+            epoch=client.epoch,
+            incarnations=tuple(client.incarnations),
+            live=tuple(self.task.worker_names),
+            last_checkpoint_time=time.monotonic(),
+        )
         last_log, last_step, last_time = time.monotonic(), self.membership.step, time.monotonic()
         while True:
-            # One Status per ps per tick: the step comes from the same replies that say the
-            # tier is healthy (a second call could meet a ps that died in between, uncaught).
-            try:
-                statuses = client.statuses(timeout=10)
-            except PsClientError as err:
-                self._recover(client, str(err))
+            observation = self._observe(client)
+            state, actions = watch.decide(policy, state, observation)
+            now, step, loss = observation.now, self.membership.step, math.nan
+            for action in actions:
+                match action:
+                    case watch.Recover(reason=reason):
+                        self._recover(client, reason)
+                        state = dataclasses.replace(
+                            state, epoch=client.epoch, incarnations=tuple(client.incarnations)
+                        )
+                    case watch.Progress(step=step):
+                        loss = self._progress(step)
+                    case watch.Stop(step=step):  # the curves end at the last step
+                        self._record(
+                            step=step, loss=loss, rate=_rate(step, last_step, now - last_time)
+                        )
+                        return 0
+                    case watch.Checkpoint(step=target):
+                        self.checkpointer.start(
+                            step=target, epoch=client.epoch, incarnations=client.incarnations
+                        )
+                    case watch.SetWorkers(workers=workers, gone=gone, back=back):
+                        if gone:
+                            log.warning(
+                                "%s sent no heartbeat for %.0f s: continuing without",
+                                ", ".join(sorted(gone)),
+                                training.workerTimeoutSeconds,
+                            )
+                        if back:
+                            log.info("%s is back", ", ".join(sorted(back)))
+                        client.set_workers(list(workers))
+                    case watch.GiveUp(reason=reason):
+                        log.error(
+                            "%s (no heartbeat for %.0f s)", reason, training.workerTimeoutSeconds
+                        )
+                        return 1
+            if any(isinstance(action, watch.Recover) for action in actions):
                 continue
-            problem = self._ps_problem(client, statuses)
-            if problem is not None:
-                self._recover(client, problem)
-                continue
-            step = min(status.step for status in statuses)
-            now = time.monotonic()
-            self.membership.step = step
-            metrics.global_step.set(step)
-            loss = self.membership.mean_loss()
-            if not math.isnan(loss):
-                metrics.loss.set(loss)
-            metrics.examples_per_second.set(
-                sum(
-                    m.examples_per_second
-                    for m in self.membership.members()
-                    if m.task in self.membership.workers
-                )
-            )
-            if step >= training.steps:  # the curves end at the last step
-                self._record(step=step, loss=loss, rate=_rate(step, last_step, now - last_time))
-                return 0
-            target = self.checkpointer.target(step)
-            if target is not None:
-                self.checkpointer.start(
-                    step=target,
-                    epoch=client.epoch,
-                    incarnations=client.incarnations,
-                )
-            alive = self.membership.live_workers(now=now, timeout=training.workerTimeoutSeconds)
-            if alive != live:
-                gone, back = set(live) - set(alive), set(alive) - set(live)
-                if gone:
-                    log.warning(
-                        "%s sent no heartbeat for %.0f s: continuing without",
-                        ", ".join(sorted(gone)),
-                        training.workerTimeoutSeconds,
-                    )
-                if back:
-                    log.info("%s is back", ", ".join(sorted(back)))
-                if not alive:
-                    log.error(
-                        "every worker is gone (no heartbeat for %.0f s); giving up at step %d",
-                        training.workerTimeoutSeconds,
-                        step,
-                    )
-                    return 1
-                client.set_workers(alive)
-                live = alive
             if now - last_log >= training.logEverySeconds:
                 rate = _rate(step, last_step, now - last_time)
-                metrics.steps_per_second.set(rate)
+                self.task.metrics.steps_per_second.set(rate)
                 shown = f"{loss:.4f}" if step > 0 else "-"  # no loss before the first step
                 log.info("step %d/%d  loss %s  %.1f steps/s", step, training.steps, shown, rate)
                 self._record(step=step, loss=loss, rate=rate)
                 last_log, last_step, last_time = now, step, now
             self.task.stop.sleep(min(0.2, training.heartbeatSeconds))
+
+    def _progress(self, step: int) -> float:
+        """Publishes the global step, the workers' mean loss (returned) and their examples per
+        second."""
+        metrics = self.task.metrics
+        self.membership.step = step
+        metrics.global_step.set(step)
+        loss = self.membership.mean_loss()
+        if not math.isnan(loss):
+            metrics.loss.set(loss)
+        metrics.examples_per_second.set(
+            sum(
+                m.examples_per_second
+                for m in self.membership.members()
+                if m.task in self.membership.workers
+            )
+        )
+        return loss
 
     def _record(self, *, step: int, loss: float, rate: float) -> None:
         """One log tick's TensorBoard scalars (`summaries`), with the global step; none while
