@@ -84,9 +84,10 @@ def single_process(training: config.TrainingConfig, *, steps: int) -> float:
     return steps * training.batchSize / (time.perf_counter() - started)
 
 
-def distributed(raw: dict[str, Any], *, workers: int) -> dict[str, Any]:
+def distributed(raw: dict[str, Any], *, workers: int, ps: int = 2) -> dict[str, Any]:
+    """The summary of a local job with `ps` ps and `workers` workers training `raw`."""
     with tempfile.TemporaryDirectory(prefix="jaxps-bench-") as logs:
-        job = launch.LocalJob.start(training=raw, log_dir=Path(logs), ps=2, workers=workers)
+        job = launch.LocalJob.start(training=raw, log_dir=Path(logs), ps=ps, workers=workers)
         try:
             codes = job.wait(timeout=900)
             if any(code != 0 for code in codes.values()):
