@@ -111,7 +111,7 @@ def optional_count(where: str, value: object) -> int | None:
 
 def _fallback(where: str, value: object) -> str | None:
     """None, or a built-in dataset that needs no files (used when the files are absent)."""
-    allowed = ("synthetic", "digits", "sparse")
+    allowed = tuple(d for d in DATASETS if d not in FILE_DATASETS)
     if value is not None and value not in allowed:
         raise ModelError(
             f"{where}: {value!r} is not a built-in dataset without files; allowed: "
@@ -191,6 +191,7 @@ DATASET_ARGUMENTS: Mapping[str, Mapping[str, Argument]] = {
 }
 MODELS: tuple[str, ...] = tuple(MODEL_ARGUMENTS)
 DATASETS: tuple[str, ...] = tuple(DATASET_ARGUMENTS)
+FILE_DATASETS: tuple[str, ...] = ("arrays", "parquet", "idx")  # read by jaxps_runtime.filedata
 DEFAULT_DATASET: Mapping[str, str] = {"linear": "synthetic", "mlp": "digits", "embedding": "sparse"}
 
 

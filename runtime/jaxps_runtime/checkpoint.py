@@ -18,7 +18,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -148,21 +148,14 @@ class _HasCursors(Protocol):
 def merged_cursors(
     replies: Sequence[_HasCursors],
     *,
-    how: Callable[[int, int], int],
+    how: Callable[[Iterable[int]], int],
 ) -> dict[str, int]:
     """The workers' data cursors the ps tasks report, merged over them by `how` (a worker
     one ps has not heard of is at 0 there). `max` is where a worker goes on from: a push is
     sent to every ps, so any ps that counted it saw its batch used. `min` is the cursor every
     ps's part of a checkpoint covers."""
-    workers = {w for r in replies for w in r.cursors}
-    merged: dict[str, int] = {}
-    for worker in sorted(workers):
-        values = [r.cursors.get(worker, 0) for r in replies]
-        value = values[0]
-        for other in values[1:]:
-            value = how(value, other)
-        merged[worker] = value
-    return merged
+    workers = sorted({w for r in replies for w in r.cursors})
+    return {w: how(r.cursors.get(w, 0) for r in replies) for w in workers}
 
 
 def save(

@@ -449,7 +449,7 @@ def build_dataset(
         )
     if name == "digits":
         return DigitsDataset(test_fraction=opts["testFraction"], seed=seed)
-    if name in ("arrays", "idx", "parquet"):
+    if name in catalog.FILE_DATASETS:
         from jaxps_runtime import filedata  # noqa: PLC0415 (it builds on ArrayDataset)
 
         if name == "idx" and opts["fallback"] and not filedata.has_idx_files(opts["dir"]):

@@ -101,19 +101,13 @@ def test_a_killed_ps_is_restarted_and_every_shard_rolls_back_to_the_last_checkpo
 
 
 def _ps_cursors(job: launch.LocalJob) -> dict[str, int]:
-    """The workers' data cursors every ps reports in Status (highest over the ps)."""
-    found: dict[str, int] = {}
+    """The workers' data cursors the ps tasks report in Status (highest over the ps)."""
+    replies = []
     for address in job.spec["ps"]:
-        channel = rpc.channel(address)
-        try:
-            reply = rpc.PARAMETER_SERVER.callables(channel)["Status"](
-                ps_pb2.StatusRequest(), timeout=10
-            )
-        finally:
-            channel.close()
-        for worker, cursor in reply.cursors.items():
-            found[worker] = max(found.get(worker, 0), cursor)
-    return found
+        with rpc.channel(address) as channel:
+            call = rpc.PARAMETER_SERVER.callables(channel)["Status"]
+            replies.append(call(ps_pb2.StatusRequest(), timeout=10))
+    return checkpoint.merged_cursors(replies, how=max)
 
 
 def _resumed_from(log: str) -> list[int]:
