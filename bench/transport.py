@@ -1,4 +1,4 @@
-"""How fast tensors move: raw TCP, raw grpcio, and jaxps push/pull of a 64 MiB pytree.
+"""How fast tensors move: raw TCP, raw grpcio, and jaxps update/read of a 64 MiB pytree.
 
 Prints one JSON object per measurement (DEVELOPERS.md format). Every server runs in its own
 process on 127.0.0.1, like a ps would. The baseline of the jaxps rows is raw grpcio in the same
@@ -190,15 +190,15 @@ def measure_jaxps(nbytes: int, num_ps: int, repeats: int) -> tuple[float, float]
 
             def push_once() -> None:
                 nonlocal step
-                client.push(named_grads, step=step)
+                client.update(named_grads, step=step)
                 step += 1
 
             push_rate = nbytes / timed_median(push_once, repeats=repeats) / 1e6
             # Like the raw baseline, pull into buffers allocated once (as a training loop does).
-            _, buffers = client.pull()
+            _, buffers = client.read()
 
             def pull_once() -> None:
-                client.pull(into=buffers)
+                client.read(into=buffers)
 
             pull_rate = nbytes / timed_median(pull_once, repeats=repeats) / 1e6
             client.shutdown(reason="bench done")

@@ -9,8 +9,8 @@ when the job has none (TF1's rule), whatever role its certificate names. Least p
 | service.method | chief | worker | evaluator |
 | --- | --- | --- | --- |
 | ParameterServer: Init, Assign, Restore, Save, SetWorkers, Shutdown | yes | no | no |
-| ParameterServer: Push, PushPull, SparsePush | yes | yes | no |
-| ParameterServer: Status, Pull, PullPacked, SparsePull | yes | yes | yes |
+| ParameterServer: Update | yes | yes | no |
+| ParameterServer: Status, Read | yes | yes | yes |
 | Coordinator: Register, Heartbeat | yes | yes | yes |
 
 A ps calls nobody and is called by nobody of its own kind. Worker 0 acting as chief registers
@@ -36,8 +36,8 @@ TABLE: Mapping[str, frozenset[str]] = {
         f"/{PS_SERVICE}/{m}": _CHIEF_ONLY
         for m in ("Init", "Assign", "Restore", "Save", "SetWorkers", "Shutdown")
     },
-    **{f"/{PS_SERVICE}/{m}": _TRAINERS for m in ("Push", "PushPull", "SparsePush")},
-    **{f"/{PS_SERVICE}/{m}": _READERS for m in ("Status", "Pull", "PullPacked", "SparsePull")},
+    **{f"/{PS_SERVICE}/{m}": _TRAINERS for m in ("Update",)},
+    **{f"/{PS_SERVICE}/{m}": _READERS for m in ("Status", "Read")},
     **{f"/{COORDINATOR_SERVICE}/{m}": _MEMBERS for m in ("Register", "Heartbeat")},
 }
 

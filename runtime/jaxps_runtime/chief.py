@@ -45,16 +45,18 @@ from jaxps_runtime import (
     termination,
     watch,
 )
-from jaxps_runtime.client import PsClient, PsClientError
+from jaxps_runtime.client import PsClient, PsClientError, PsRestartedError
 from jaxps_runtime.config import TrainingConfig
 from jaxps_runtime.coordinator import CoordinatorServicer, Member, Membership
-from jaxps_runtime.shards import Mode
+from jaxps_runtime.policy import Mode
 from jaxps_runtime.task import Task
 from jaxps_runtime.worker import SPAN_KEYS, Worker, overlap_steps_per_second
 
 log = logging.getLogger(__name__)
 
 _MODES = {"sync": ps_pb2.SYNC, "async": ps_pb2.ASYNC, "boundedStaleness": ps_pb2.BOUNDED_STALENESS}
+# How a ps that went away answers (or rather, does not).
+_GONE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 def ps_mode(training: TrainingConfig) -> Mode:
@@ -276,18 +278,28 @@ class Chief:
         log.warning("%s: rolling every ps back to the last committed checkpoint", problem)
         # No waiting for a checkpoint in flight: the Init below aborts its pending Saves, and
         # `checkpoint.save` never commits one whose replies are not all from its epoch.
-        client.wait_reachable(timeout=self.training.startupTimeoutSeconds)
-        live = self.membership.live_workers(
-            now=time.monotonic(), timeout=self.training.workerTimeoutSeconds
-        ) or list(self.task.worker_names)
-        ready = recovery.bring_up(
-            client,
-            self.task,
-            mode=ps_mode(self.training),
-            workers=live,
-            adopt=False,
-            epoch_floor=self.membership.epoch,
-        )
+        deadline = started + self.training.startupTimeoutSeconds
+        while True:
+            client.wait_reachable(timeout=max(deadline - time.monotonic(), 0.0))
+            live = self.membership.live_workers(
+                now=time.monotonic(), timeout=self.training.workerTimeoutSeconds
+            ) or list(self.task.worker_names)
+            try:
+                ready = recovery.bring_up(
+                    client,
+                    self.task,
+                    mode=ps_mode(self.training),
+                    workers=live,
+                    adopt=False,
+                    epoch_floor=max(self.membership.epoch, client.epoch),
+                )
+                break
+            except PsClientError as err:
+                # A ps went away again mid-rollback (it crashed, or was stopped as it came
+                # back): wait for it again and roll back at a newer epoch than any half-done one.
+                if err.code not in _GONE and not isinstance(err, PsRestartedError):
+                    raise
+                log.warning("%s; rolling back again once every ps answers", err)
         self._adopt(ready)
         seconds = time.monotonic() - started
         self.recoveries.append(
@@ -448,7 +460,7 @@ class Chief:
             log.warning("gave up waiting for %s to finish", ", ".join(sorted(waiting_for)))
         evaluator = self.membership.member("evaluator-0")
         self.checkpointer.wait()
-        step, named = client.pull()
+        step, named = client.read()
         if self.checkpointer.root is not None:
             # The final checkpoint, after the workers drained (TF#32549: not before).
             try:

@@ -1,9 +1,11 @@
-"""The client side of the ps tier: pull and push whole pytrees across every ps, in parallel.
+"""The client side of the ps tier: `read` and `update` whole models across every ps, in parallel.
 
 One channel per ps, reused for the life of the client; the calling thread talks to ps 0 and one
-long-lived pool thread to each other ps, so all ps tasks transfer at once. A pull writes each
-chunk straight into the final array of its variable (a shard is a contiguous byte range of its
-variable); a push streams byte ranges of the gradient arrays without copying them first.
+long-lived pool thread to each other ps, so all ps tasks transfer at once. Each ps gets one
+Read or Update call per operation, dense shards and embedding rows together; the transport
+(`rpc.ServiceSpec.call`) frames it packed or streamed by size. A read writes each received
+window straight into the final array of its variable (a shard is a contiguous byte range of
+its variable); an update sends byte ranges of the gradient arrays without copying them first.
 
 Thread-safety: one call at a time per client (pull, push and the rest share per-ps streams'
 executor and the incarnations the client has seen). Use one client per thread of work.
@@ -17,7 +19,6 @@ end, and every call raises `stopping.Stopped` instead of `PsClientError`.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
 import time
@@ -32,27 +33,26 @@ import numpy as np
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import codec, rpc, stopping, streams
+from jaxps_runtime import rpc, stopping, streams
 from jaxps_runtime.checkpoint import merged_cursors
 from jaxps_runtime.config import OptimizerConfig
 from jaxps_runtime.credentials import TaskCredentials
-from jaxps_runtime.placement import Layout, Placement, Shard, named_leaves
-from jaxps_runtime.shards import Mode
+from jaxps_runtime.placement import Layout, Placement, Shard
+from jaxps_runtime.policy import Mode
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# Where one tensor of a packed reply goes: its expected spec and what takes its values.
-Sink = tuple[streams.Spec, Callable[[np.ndarray], None]]
 # Rows of one table on one shard: (shard, shard-local row ids, positions in the caller's ids).
 RowPick = tuple[Shard, np.ndarray, np.ndarray]
 # Transient failures are retried after these pauses; a ps that restarted answers
 # FAILED_PRECONDITION on the next try, which goes to the caller at once.
 RETRY_BACKOFF = (0.1, 0.3, 0.9)
+# After UNAVAILABLE, the first look at whether the channel connects again comes this much later
+# (no spinning while the old connection is still being torn down).
+RECONNECT_PAUSE = 0.05
+# How often `wait_ready` asks every ps for its state.
+READY_POLL_SECONDS = 0.05
 TRANSIENT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
-
-
-def _put_rows(target: np.ndarray, where: np.ndarray, values: np.ndarray) -> None:
-    target[where] = values
 
 
 class PsClientError(RuntimeError):
@@ -163,7 +163,11 @@ class PsClient:
 
     def _retrying(self, ps: int, fn: Callable[[], T]) -> T:
         """Runs fn, again after a backoff when the failure looks transient (the peer did not
-        answer). Callers make fn idempotent: a push is retried with the same push_id."""
+        answer). Callers make fn idempotent: a push is retried with the same push_id.
+
+        After UNAVAILABLE the backoff ends early once the channel to the ps connects again: a
+        restarted ps listens before it has loaded and holds the calls that reach it meanwhile,
+        so a retry sent as soon as it listens is answered as soon as it can be."""
         for attempt in range(len(RETRY_BACKOFF) + 1):
             try:
                 return fn()
@@ -171,8 +175,27 @@ class PsClient:
                 if err.code not in TRANSIENT or attempt == len(RETRY_BACKOFF):
                     raise
                 log.debug("%s: %s; retrying in %.1f s", self.task, err, RETRY_BACKOFF[attempt])
-                self._stop.sleep(RETRY_BACKOFF[attempt])
+                if err.code == grpc.StatusCode.UNAVAILABLE:
+                    self._reconnected(ps, within=RETRY_BACKOFF[attempt])
+                else:
+                    self._stop.sleep(RETRY_BACKOFF[attempt])
         raise AssertionError("unreachable")
+
+    def _reconnected(self, ps: int, *, within: float) -> None:
+        """Waits `within` seconds, or less if the channel to `ps` connects again first."""
+        deadline = time.monotonic() + within
+        self._stop.sleep(min(within, RECONNECT_PAUSE))
+        ready = grpc.channel_ready_future(self._channels[ps])
+        try:
+            while time.monotonic() < deadline:
+                self._stop.check()
+                try:
+                    ready.result(timeout=min(0.1, max(deadline - time.monotonic(), 0.0)))
+                    return
+                except grpc.FutureTimeoutError:
+                    continue
+        finally:
+            ready.cancel()
 
     def _seen(self, ps: int, identity: tensor_pb2.Identity) -> None:
         known = self.incarnations[ps]
@@ -270,7 +293,7 @@ class PsClient:
             if time.monotonic() - last_log >= log_every:
                 log.info("%s: waiting for the chief to initialise %s", self.task, names)
                 last_log = time.monotonic()
-            self._stop.sleep(0.2)
+            self._stop.sleep(READY_POLL_SECONDS)
 
     def statuses(self, *, timeout: float = 10) -> list[ps_pb2.StatusReply]:
         """Every ps's Status, at once."""
@@ -314,10 +337,17 @@ class PsClient:
             header = tensor_pb2.FrameHeader(
                 id=self.identity(ps), step=step, tensors=[self._spec(s) for s in shards]
             )
-            frames = streams.frames(
-                header, self._buffers(arrays, shards), chunk_bytes=self._chunk_bytes
+            assigned = self._call(
+                ps,
+                "Assign",
+                lambda: rpc.PARAMETER_SERVER.call(
+                    self._calls[ps],
+                    "Assign",
+                    header=header,
+                    buffers=list(self._buffers(arrays, shards)),
+                    chunk_bytes=self._chunk_bytes,
+                ),
             )
-            assigned = self._call(ps, "Assign", lambda: self._calls[ps]["Assign"](frames))
             if assigned.missing:
                 raise PsClientError(
                     ps=ps,
@@ -386,140 +416,9 @@ class PsClient:
 
         self._each(one)
 
-    # --- dense ------------------------------------------------------------------------------
+    # --- data -----------------------------------------------------------------------------
 
-    def pull(
-        self,
-        *,
-        min_step: int = 0,
-        into: Mapping[str, np.ndarray] | None = None,
-        variables: Collection[str] | None = None,
-    ) -> tuple[int, dict[str, np.ndarray]]:
-        """Every variable, whole; and the lowest step among the ps tasks.
-
-        `into` (for instance the arrays of the previous pull, once they are no longer used)
-        receives the values in place: a training loop that reuses its buffers saves the page
-        faults of 2 x model size of fresh memory per step. `variables` limits the pull to those
-        (a model pulls its dense variables whole and only the rows it needs of its tables).
-        """
-        out = self._outputs(into, variables)
-
-        def one(ps: int) -> int:
-            shards = [s for s in self._shards[ps] if s.variable.name in out]
-            request = ps_pb2.PullRequest(
-                id=self.identity(ps), names=[s.name for s in shards], min_step=min_step
-            )
-            into = [self._shard_view(out[s.variable.name], s) for s in shards]
-            return self._retrying(
-                ps,
-                lambda: self._receive(
-                    ps,
-                    "Pull",
-                    start=lambda: self._calls[ps]["Pull"](request),
-                    specs=[self._stream_spec(s) for s in shards],
-                    into=into,
-                ),
-            )
-
-        steps = self._each(one)
-        return min(steps), out
-
-    def push(
-        self,
-        grads: Mapping[str, Any],
-        *,
-        step: int,
-        push_id: str | None = None,
-        variables: Collection[str] | None = None,
-        cursor: int = 0,
-    ) -> list[ps_pb2.PushReply]:
-        """Pushes one gradient for every variable (or for `variables`) to every ps at once,
-        with the worker's data `cursor` once it counts (`FrameHeader.cursor`).
-
-        Every ps gets the push, even one holding none of its shards, so that each counts it.
-        """
-        arrays = self._named_arrays(grads, what="gradients", variables=variables)
-        push_id = push_id or uuid.uuid4().hex
-
-        def one(ps: int) -> ps_pb2.PushReply:
-            shards = [s for s in self._shards[ps] if s.variable.name in arrays]
-            header = tensor_pb2.FrameHeader(
-                id=self.identity(ps),
-                step=step,
-                push_id=push_id,
-                tensors=[self._spec(s) for s in shards],
-                cursor=cursor,
-            )
-
-            def attempt() -> ps_pb2.PushReply:
-                frames = streams.frames(
-                    header, self._buffers(arrays, shards), chunk_bytes=self._chunk_bytes
-                )
-                reply: ps_pb2.PushReply = self._call(
-                    ps, "Push", lambda: self._calls[ps]["Push"](frames)
-                )
-                return reply
-
-            reply = self._retrying(ps, attempt)
-            self._seen(ps, reply.id)
-            return reply
-
-        with self._push():
-            return self._each(one)
-
-    def packs(self, variables: Collection[str]) -> bool:
-        """Whether `variables` fit one frame per ps, so `push_pull` can carry a whole step."""
-        return all(
-            sum(s.nbytes for s in shards if s.variable.name in variables) <= self._chunk_bytes
-            for shards in self._shards
-        )
-
-    def push_pull(
-        self,
-        grads: Mapping[str, Any],
-        *,
-        step: int,
-        min_step: int,
-        into: Mapping[str, np.ndarray] | None = None,
-        variables: Collection[str] | None = None,
-        push_id: str | None = None,
-        rows: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
-        push_only: bool = False,
-        cursor: int = 0,
-    ) -> tuple[int, dict[str, np.ndarray], list[ps_pb2.PushReply]]:
-        """`push` (and `sparse_push` of `rows`) then `pull(min_step=...)` of the same dense
-        variables, in one round trip per ps; with `push_only`, the push alone (no values).
-
-        Only for variables that fit one frame per ps (`packs`). The calls to every ps are in
-        flight at once without a thread each; a transient failure is retried with the same
-        push_id, so a push is applied once. Returns (the lowest step among the ps tasks, the
-        values, one PushReply per ps).
-        """
-        arrays = self._named_arrays(grads, what="gradients", variables=variables)
-        out = {} if push_only else self._outputs(into, variables)
-        plan = self._route_rows({name: ids for name, (ids, _) in (rows or {}).items()})
-        push_id = push_id or uuid.uuid4().hex
-        calls = []
-        for ps, held in enumerate(self._shards):
-            shards = [s for s in held if s.variable.name in arrays]
-            specs, values = self._row_parts(plan[ps], rows or {})
-            header = tensor_pb2.FrameHeader(
-                id=self.identity(ps),
-                step=step,
-                push_id=push_id,
-                min_step=min_step,
-                push_only=push_only,
-                tensors=[*(self._spec(s) for s in shards), *specs],
-                cursor=cursor,
-            )
-            buffers = [*self._buffers(arrays, shards), *map(streams.byte_view, values)]
-            sinks = [] if push_only else self._dense_sinks(shards, out)
-            calls.append((sinks, streams.pack(header, buffers)))
-        with self._push():
-            replies = self._packed_calls("PushPull", calls)
-        return min(r.step for r in replies), out, replies
-
-    def pull_packed(
+    def read(
         self,
         *,
         min_step: int = 0,
@@ -527,173 +426,141 @@ class PsClient:
         variables: Collection[str] | None = None,
         rows: Mapping[str, np.ndarray] | None = None,
     ) -> tuple[int, dict[str, np.ndarray]]:
-        """`pull` (and `sparse_pull` of `rows`, read at the same step) in one message per ps,
-        for dense variables that fit one frame per ps (`packs`). The values hold each table of
-        `rows` as the rows asked for, in that order."""
+        """Every variable whole (or those of `variables`) and the `rows` asked for of tables
+        ({variable: row ids}, any order, duplicates allowed), all of one ps read at one step;
+        and the lowest step among the ps tasks.
+
+        `into` (for instance the arrays of the previous read, once they are no longer used)
+        receives the values in place: a training loop that reuses its buffers saves the page
+        faults of 2 x model size of fresh memory per step. The values hold each table of `rows`
+        as the rows asked for, in that order.
+        """
         out = self._outputs(into, variables)
         plan = self._route_rows(rows or {})
         picked = self._row_outputs(rows or {})
-        calls = []
-        for ps, held in enumerate(self._shards):
-            shards = [s for s in held if s.variable.name in out]
-            request = ps_pb2.PullRequest(
+
+        def one(ps: int) -> int:
+            shards = [s for s in self._shards[ps] if s.variable.name in out]
+            picks = plan[ps]
+            request = ps_pb2.ReadRequest(
                 id=self.identity(ps),
                 names=[s.name for s in shards],
                 min_step=min_step,
-                selections=self._selections(plan[ps]),
+                selections=[
+                    ps_pb2.RowSelection(name=s.name, rows=local.astype("<i8").tobytes())
+                    for s, local, _ in picks
+                ],
             )
-            sinks = [*self._dense_sinks(shards, out), *self._row_sinks(plan[ps], picked)]
-            calls.append((sinks, request))
-        replies = self._packed_calls("PullPacked", calls)
-        return min(r.step for r in replies), {**out, **picked}
-
-    def _packed_calls(
-        self, method: str, calls: Sequence[tuple[list[Sink], Any]]
-    ) -> list[ps_pb2.PushReply]:
-        """Runs a unary packed call on every ps at once and hands each tensor of the replies
-        to its sink. A transient failure is retried with the same request (a push keeps its
-        push_id, so it is applied once)."""
-
-        def one(ps: int) -> ps_pb2.PushReply:
-            sinks, request = calls[ps]
-            raw: bytes = self._retrying(
-                ps, lambda: self._call(ps, method, lambda: self._calls[ps][method](request))
-            )
-            return self._unpack(ps, raw, sinks, method=method)
-
-        return self._each(one)
-
-    def _unpack(
-        self, ps: int, raw: bytes, sinks: Sequence[Sink], *, method: str
-    ) -> ps_pb2.PushReply:
-        """Hands a packed reply's tensors to their sinks; returns its push outcome (PushPull)."""
-        try:
-            decoded = codec.decode(raw)
-            header = decoded.frame.header
-            self._seen(ps, header.id)
-            specs = [spec for spec, _ in sinks]
-            got = [(t.name, tuple(t.shape), t.dtype) for t in header.tensors]
-            want = [(s.name, s.shape, s.dtype.name) for s in specs]
-            if got != want:
-                raise streams.StreamError(f"{method}: ps sent {got}, asked for {want}")
-            views = streams.unpack(decoded.data, specs, where=f"{method} reply")
-        except (codec.CodecError, streams.StreamError) as err:
-            raise PsClientError(
-                ps=ps, address=self.addresses[ps], method=method, code=None, details=str(err)
-            ) from err
-        for (spec, sink), view in zip(sinks, views, strict=True):
-            sink(np.frombuffer(view, dtype=spec.dtype).reshape(spec.shape))
-        return ps_pb2.PushReply(
-            id=header.id, accepted=header.accepted, step=header.step, reason=header.reason
-        )
-
-    def _dense_sinks(self, shards: Sequence[Shard], out: Mapping[str, np.ndarray]) -> list[Sink]:
-        return [
-            (
-                self._stream_spec(s),
-                functools.partial(np.copyto, self._shard_view(out[s.variable.name], s)),
-            )
-            for s in shards
-        ]
-
-    def pull_tree(self, layout: Layout, *, min_step: int = 0) -> tuple[int, Any]:
-        step, named = self.pull(min_step=min_step)
-        return step, layout.unflatten(named)
-
-    def push_tree(self, grads: Any, *, step: int) -> list[ps_pb2.PushReply]:
-        _, named = named_leaves(grads)
-        return self.push(named, step=step)
-
-    # --- sparse -----------------------------------------------------------------------------
-
-    def sparse_pull(
-        self, rows: Mapping[str, np.ndarray], *, min_step: int = 0
-    ) -> dict[str, np.ndarray]:
-        """The given rows (any order, duplicates allowed) of embedding variables."""
-        plan = self._route_rows(rows)
-        out = self._row_outputs(rows)
-
-        def one(ps: int) -> None:
-            picks = plan[ps]
-            if not picks:
-                return
-            request = ps_pb2.SparsePullRequest(
-                id=self.identity(ps), min_step=min_step, selections=self._selections(picks)
-            )
-            sinks = self._row_sinks(picks, out)
-            got: list[np.ndarray | None] = [None] * len(picks)
-            self._receive(
+            expect = [*map(self._stream_spec, shards), *self._row_specs(picks)]
+            header, values = self._retrying(
                 ps,
-                "SparsePull",
-                start=lambda: self._calls[ps]["SparsePull"](request),
-                specs=[spec for spec, _ in sinks],
-                into=got,
-                keep=got,
+                lambda: self._receive(
+                    ps,
+                    "Read",
+                    lambda: rpc.PARAMETER_SERVER.call(
+                        self._calls[ps],
+                        "Read",
+                        request=request,
+                        reply_bytes=sum(s.nbytes for s in expect),
+                        chunk_bytes=self._chunk_bytes,
+                    ),
+                    expect=expect,
+                    into=[self._shard_view(out[s.variable.name], s) for s in shards],
+                ),
             )
-            for (_, sink), values in zip(sinks, got, strict=True):
-                assert values is not None
-                sink(values)
+            for (s, _, where), got in zip(picks, values[len(shards) :], strict=True):
+                picked[s.variable.name][where] = got
+            return header.step
 
-        self._each(one)
-        return out
+        return min(self._each(one)), {**out, **picked}
 
-    def sparse_push(
+    def update(
         self,
-        grads: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        grads: Mapping[str, Any],
         *,
         step: int,
+        rows: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+        variables: Collection[str] | None = None,
         push_id: str | None = None,
-    ) -> list[ps_pb2.PushReply]:
-        """Pushes gradient rows {variable: (row ids, rows)}; duplicate ids are summed by the ps."""
-        plan = self._route_rows({name: ids for name, (ids, _) in grads.items()})
+        cursor: int = 0,
+        then_read: bool = False,
+        min_step: int = 0,
+        into: Mapping[str, np.ndarray] | None = None,
+    ) -> tuple[int, dict[str, np.ndarray], list[tensor_pb2.FrameHeader]]:
+        """Pushes one gradient to every ps at once: every variable's (or those of `variables`)
+        whole, and gradient `rows` of tables ({variable: (row ids, rows)}; duplicate ids are
+        summed by the ps), with the worker's data `cursor` once it counts. With `then_read`,
+        each ps replies with the values of the same dense variables once it reached `min_step`
+        (into `into`, as `read`): one round trip for a sync step and the next step's read.
+
+        Every ps gets the update, even one holding none of its tensors, so that each counts
+        it. A transient failure is retried with the same push_id, so it is applied once.
+        Returns (the lowest step among the replies, the values read, each ps's reply header:
+        `accepted`, `reason`, `step`).
+        """
+        arrays = self._named_arrays(grads, what="gradients", variables=variables)
+        out = self._outputs(into, arrays) if then_read else {}
+        plan = self._route_rows({name: ids for name, (ids, _) in (rows or {}).items()})
         push_id = push_id or uuid.uuid4().hex
 
-        def one(ps: int) -> ps_pb2.PushReply | None:
-            if not plan[ps]:
-                return None
-            specs, values = self._row_parts(plan[ps], grads)
+        def one(ps: int) -> tensor_pb2.FrameHeader:
+            shards = [s for s in self._shards[ps] if s.variable.name in arrays]
+            specs, values = self._row_parts(plan[ps], rows or {})
             header = tensor_pb2.FrameHeader(
-                id=self.identity(ps), step=step, push_id=push_id, tensors=specs
+                id=self.identity(ps),
+                step=step,
+                push_id=push_id,
+                tensors=[*(self._spec(s) for s in shards), *specs],
+                cursor=cursor,
+                then_read=then_read,
+                min_step=min_step,
             )
-            frames = streams.frames(
-                header, (streams.byte_view(v) for v in values), chunk_bytes=self._chunk_bytes
+            buffers = [*self._buffers(arrays, shards), *map(streams.byte_view, values)]
+            expect = [self._stream_spec(s) for s in shards] if then_read else []
+            reply, _ = self._retrying(
+                ps,
+                lambda: self._receive(
+                    ps,
+                    "Update",
+                    lambda: rpc.PARAMETER_SERVER.call(
+                        self._calls[ps],
+                        "Update",
+                        header=header,
+                        buffers=buffers,
+                        reply_bytes=sum(s.nbytes for s in expect),
+                        chunk_bytes=self._chunk_bytes,
+                    ),
+                    expect=expect,
+                    into=[self._shard_view(out[s.variable.name], s) for s in shards if out],
+                ),
             )
-            reply: ps_pb2.PushReply = self._call(
-                ps, "SparsePush", lambda: self._calls[ps]["SparsePush"](frames)
-            )
-            self._seen(ps, reply.id)
             return reply
 
         with self._push():
-            return [r for r in self._each(one) if r is not None]
+            replies = self._each(one)
+        return min(r.step for r in replies), out, replies
+
+    def pull_tree(self, layout: Layout, *, min_step: int = 0) -> tuple[int, Any]:
+        step, named = self.read(min_step=min_step)
+        return step, layout.unflatten(named)
 
     def _row_outputs(self, rows: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Empty arrays for the asked rows of each table."""
         return {
-            name: np.empty(
+            name: streams.empty(
                 (len(ids), *self._variables[name].shape[1:]),
-                dtype=streams.dtype_of(self._variables[name].dtype),
+                streams.dtype_of(self._variables[name].dtype),
             )
             for name, ids in rows.items()
         }
 
     @staticmethod
-    def _selections(picks: Sequence[RowPick]) -> list[ps_pb2.RowSelection]:
+    def _row_specs(picks: Sequence[RowPick]) -> list[streams.Spec]:
+        """The specs of the rows a ps sends for `picks`."""
         return [
-            ps_pb2.RowSelection(name=s.name, rows=local.astype("<i8").tobytes())
+            streams.Spec(s.name, (local.size, *s.shape[1:]), streams.dtype_of(s.variable.dtype))
             for s, local, _ in picks
         ]
-
-    @staticmethod
-    def _row_sinks(picks: Sequence[RowPick], out: Mapping[str, np.ndarray]) -> list[Sink]:
-        """Per pick, the spec of the rows a ps sends and where they go in `out`."""
-        sinks: list[Sink] = []
-        for s, local, where in picks:
-            spec = streams.Spec(
-                s.name, (local.size, *s.shape[1:]), streams.dtype_of(s.variable.dtype)
-            )
-            sinks.append((spec, functools.partial(_put_rows, out[s.variable.name], where)))
-        return sinks
 
     @staticmethod
     def _row_parts(
@@ -719,10 +586,10 @@ class PsClient:
         for name, given in rows.items():
             variable = self._variables.get(name)
             if variable is None or not variable.shape:
-                raise KeyError(f"sparse rows: {name!r} is not a variable with rows")
+                raise KeyError(f"rows: {name!r} is not a variable with rows")
             ids = np.asarray(given, dtype=np.int64).reshape(-1)
             if ids.size and (ids.min() < 0 or ids.max() >= variable.shape[0]):
-                raise IndexError(f"sparse rows: {name!r} has rows 0..{variable.shape[0] - 1}")
+                raise IndexError(f"rows: {name!r} has rows 0..{variable.shape[0] - 1}")
             for shard in self.placement.shards_of(name):
                 where = np.flatnonzero((ids >= shard.start) & (ids < shard.stop))
                 if where.size:
@@ -735,33 +602,28 @@ class PsClient:
         self,
         ps: int,
         method: str,
-        *,
         start: Callable[[], Iterator[bytes]],
-        specs: Sequence[streams.Spec],
-        into: Sequence[np.ndarray | None],
-        keep: list[np.ndarray | None] | None = None,
-    ) -> int:
-        """Reads one reply stream into `into` (or new arrays, stored in `keep`); its step."""
+        *,
+        expect: Sequence[streams.Spec],
+        into: Sequence[np.ndarray],
+    ) -> tuple[tensor_pb2.FrameHeader, list[np.ndarray]]:
+        """Calls `start` and reads its reply stream: the header and each expected tensor (the
+        first ones into `into`, the rest as they come)."""
 
-        def read() -> int:
-            replies = start()
-            header, first = streams.read_header(replies)
+        def read() -> tuple[tensor_pb2.FrameHeader, list[np.ndarray]]:
+            header, assembler, fill = streams.receive(
+                start(),
+                into=[*into, *[None] * (len(expect) - len(into))],
+                where=method,
+                expect=expect,
+            )
             self._seen(ps, header.id)
-            got = [(t.name, tuple(t.shape), t.dtype) for t in header.tensors]
-            want = [(s.name, s.shape, s.dtype.name) for s in specs]
-            if got != want:
-                raise streams.StreamError(f"{method}: ps sent {got}, asked for {want}")
-            assembler = streams.Assembler(specs, into=into)
-            if specs:
-                assembler.add(first)
-            for decoded in streams.decode_all(replies):
-                assembler.add(decoded)
+            for _ in fill:
+                pass
             missing = assembler.missing()
             if missing:
                 raise streams.StreamError(f"{method}: stream ended before {', '.join(missing)}")
-            if keep is not None:
-                keep[:] = [assembler.array(i) for i in range(len(specs))]
-            return header.step
+            return header, [assembler.array(i) for i in range(len(expect))]
 
         try:
             return self._call(ps, method, read)
@@ -789,7 +651,7 @@ class PsClient:
                     f"pull into: {var.name!r} must be a writable C-contiguous "
                     f"{dtype.name}{list(var.shape)} array"
                 )
-            out[var.name] = given if given is not None else np.empty(var.shape, dtype=dtype)
+            out[var.name] = given if given is not None else streams.empty(var.shape, dtype)
         return out
 
     @staticmethod

@@ -30,7 +30,7 @@ def run(task: Task) -> int:
             task.stop.check()
             target = min(training.steps, (step // every + 1) * every)
             try:
-                step, named = client.pull(min_step=target)
+                step, named = client.read(min_step=target)
             except PsClientError as err:
                 log.warning("%s; waiting for the ps tier to be ready again", err)
                 client.incarnations = [0] * len(client.incarnations)

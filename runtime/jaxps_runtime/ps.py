@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -20,9 +20,10 @@ import numpy as np
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import codec, optim, rpc, shardfile, streams
+from jaxps_runtime import optim, rpc, shardfile, streams
 from jaxps_runtime.config import OptimizerConfig
-from jaxps_runtime.shards import STATE_NAMES, Held, Mode, ParameterStore, PsError, PushResult
+from jaxps_runtime.policy import Mode, Policy, PsError, Push, PushResult
+from jaxps_runtime.shards import STATE_NAMES, Held, ParameterStore
 
 log = logging.getLogger(__name__)
 
@@ -37,28 +38,16 @@ def _abort(context: grpc.ServicerContext, err: PsError | streams.StreamError) ->
 
 
 def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Turns PsError and StreamError into gRPC statuses; logs anything unexpected."""
-    name = method.__name__
+    """Turns PsError and StreamError into gRPC statuses."""
 
-    if name in ("Pull", "SparsePull"):
-
-        def stream(self: ParameterServicer, request: Any, context: grpc.ServicerContext) -> Any:
-            try:
-                yield from method(self, request, context)
-            except (PsError, streams.StreamError) as err:
-                _abort(context, err)
-
-        stream.__name__ = name
-        return stream
-
-    def unary(self: ParameterServicer, request: Any, context: grpc.ServicerContext) -> Any:
+    def guarded(self: ParameterServicer, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
         except (PsError, streams.StreamError) as err:
             _abort(context, err)
 
-    unary.__name__ = name
-    return unary
+    guarded.__name__ = method.__name__
+    return guarded
 
 
 class ParameterServicer:
@@ -69,11 +58,9 @@ class ParameterServicer:
         store: ParameterStore,
         *,
         on_shutdown: Callable[[str], None],
-        chunk_bytes: int = streams.CHUNK_BYTES,
     ) -> None:
         self.store = store
         self._on_shutdown = on_shutdown
-        self._chunk_bytes = chunk_bytes
         self._shutdown_once = threading.Lock()
 
     # --- control ----------------------------------------------------------------------------
@@ -93,7 +80,7 @@ class ParameterServicer:
             counters=store.counters.snapshot(),
             optimizer=store.optimizer_json(),
             mode=store.mode.kind,
-            awaiting=store.awaiting(),
+            awaiting=store.policy.awaiting(),
             cursors=store.cursors(),
         )
 
@@ -152,22 +139,20 @@ class ParameterServicer:
         return self._status()
 
     @_guarded
-    def Assign(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Any:
-        header, first = streams.read_header(request_iterator)
+    def Assign(self, frames: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+        header, assembler, fill = streams.receive(frames, where="Assign")
         self.store.check(header.id, method="Assign", ready=False)
         if self.store.state not in (ps_pb2.ASSIGNING, ps_pb2.READY):
             raise PsError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"Assign: {self.store.task} is {STATE_NAMES[self.store.state]}; call Init first",
             )
-        specs = self._specs(header, where="Assign")
-        helds = [self.store.matching(s, where="Assign") for s in specs]
-        assembler = streams.Assembler(specs)
-        pending = []
-        for decoded in self._chunks(first, request_iterator):
-            done = assembler.add(decoded)
-            if done is not None:
-                pending.append(self.store.assign(helds[done].spec.name, assembler.array(done)))
+        specs = self._unique(assembler.specs, where="Assign")
+        for s in specs:
+            self.store.matching(s, where="Assign")
+        pending = [
+            self.store.assign(specs[i].name, assembler.array(i)) for done in fill for i in done
+        ]
         self._require_complete(assembler, where="Assign")
         for future in pending:
             future.result()
@@ -193,7 +178,7 @@ class ParameterServicer:
     def SetWorkers(self, request: ps_pb2.SetWorkersRequest, context: grpc.ServicerContext) -> Any:
         self.store.check(request.id, method="SetWorkers")
         log.info("%s: live workers now %s", self.store.task, list(request.workers))
-        self.store.set_workers(list(request.workers))
+        self.store.policy.set_workers(list(request.workers))
         return self._status()
 
     @_guarded
@@ -273,175 +258,125 @@ class ParameterServicer:
             bytes=path.stat().st_size,
         )
 
-    # --- dense ------------------------------------------------------------------------------
+    # --- data -----------------------------------------------------------------------------
 
     @_guarded
-    def Push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Any:
-        header, first = streams.read_header(request_iterator)
-        return self._push_reply(self._push(header, self._chunks(first, request_iterator)))
-
-    @_guarded
-    def PushPull(self, request: bytes, context: grpc.ServicerContext) -> Any:
-        store = self.store
-        try:
-            decoded = codec.decode(request)
-        except codec.CodecError as err:
-            raise streams.StreamError(f"PushPull: {err}") from err
-        if not decoded.frame.HasField("header"):
-            raise streams.StreamError("PushPull: the frame has no header")
-        header = decoded.frame.header
-        store.check(header.id, method="PushPull")
-        specs = self._specs(header, where="PushPull")
-        views = streams.unpack(decoded.data, specs, where="PushPull")
-        # Tensors with rows are embedding rows (as SparsePush), the others dense shards (as Push).
-        sparse = [i for i, t in enumerate(header.tensors) if t.rows]
-        dense_at = [i for i, t in enumerate(header.tensors) if not t.rows]
-        dense = header
-        if sparse:
-            targets = self._row_targets(header, specs, sparse, where="PushPull")
-            for i in dense_at:  # checked before any row is applied: a refusal changes nothing
-                store.matching(specs[i], where=f"PushPull.tensors[{i}]")
-            dense = tensor_pb2.FrameHeader()
-            dense.CopyFrom(header)
-            del dense.tensors[:]
-            dense.tensors.extend(header.tensors[i] for i in dense_at)
-            self._apply_rows(
-                [(held, ids, views[i]) for i, (held, ids) in zip(sparse, targets, strict=True)],
-                specs=[specs[i] for i in sparse],
-                push_id=header.push_id,
-            )
-        chunks = [
-            codec.Decoded(tensor_pb2.Frame(tensor=n), views[i]) for n, i in enumerate(dense_at)
-        ]
-        result = self._push(dense, iter(chunks), where="PushPull")
-        names = [] if header.push_only else [t.name for t in dense.tensors]
-        step, arrays, tensors = self._read(
-            header.id.task, names, min_step=header.min_step, context=context
-        )
-        reply = tensor_pb2.FrameHeader(
-            id=store.identity(),
-            step=step,
-            tensors=tensors,
-            accepted=result.accepted,
-            reason=result.reason,
-        )
-        return self._packed_reply(reply, arrays)
-
-    @_guarded
-    def PullPacked(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Any:
-        header, arrays = self._pull(request, context, method="PullPacked")
-        return self._packed_reply(header, arrays)
-
-    def _packed_reply(self, header: tensor_pb2.FrameHeader, arrays: list[np.ndarray]) -> bytes:
-        packed = streams.pack(header, (streams.byte_view(a) for a in arrays))
-        self.store.counters.add("bytes_out", len(packed))
-        self.store.counters.add("pulls")
-        return packed
-
-    def _push(
-        self,
-        header: tensor_pb2.FrameHeader,
-        chunks: Iterator[codec.Decoded],
-        *,
-        where: str = "Push",
-    ) -> PushResult:
-        """A dense push: sync counts it towards the step, async applies it shard by shard."""
-        store = self.store
-        store.check(header.id, method=where)
-        specs = self._specs(header, where=where)
-        helds = [store.matching(s, where=where) for s in specs]
-        refusal = store.admit(step=header.step)
-        if refusal is not None:
-            store.note_cursor(header.id.task, header.cursor)
-            return refusal
-        by_name = {h.spec.name: h for h in helds}
-        assembler = streams.Assembler(specs, allocate=lambda spec: by_name[spec.name].staging())
-        if store.mode.kind == ps_pb2.SYNC:
-            for decoded in chunks:
-                assembler.add(decoded)
-            store.counters.add("bytes_in", assembler.bytes)
-            self._require_complete(assembler, where=where)
-            grads = {
-                s.name: (h, assembler.array(i))
-                for i, (s, h) in enumerate(zip(specs, helds, strict=True))
-            }
-            contributor = header.id.task or header.push_id
-            return store.contribute(
-                step=header.step, contributor=contributor, grads=grads, cursor=header.cursor
-            )
-        # Async and bounded staleness: each shard is updated as soon as its bytes are in.
-        try:
-            return self._push_async(
-                header, chunks, specs=specs, helds=helds, assembler=assembler, where=where
-            )
-        except BaseException:
-            store.release()
-            raise
-
-    def _push_async(
-        self,
-        header: tensor_pb2.FrameHeader,
-        chunks: Iterator[codec.Decoded],
-        *,
-        specs: list[streams.Spec],
-        helds: list[Any],
-        assembler: streams.Assembler,
-        where: str,
-    ) -> PushResult:
-        store = self.store
-        skip = store.already_applied(header.push_id)
-        pending = []
-        for decoded in chunks:
-            done = assembler.add(decoded)
-            if done is not None and specs[done].name not in skip:
-                grad = assembler.array(done)
-                pending.append(store.apply_dense(helds[done], grad, push_id=header.push_id))
-        store.counters.add("bytes_in", assembler.bytes)
-        missing = assembler.missing()
-        for future in pending:
-            future.result()
-        if missing:
-            store.counters.add("pushes_incomplete")
-            raise PsError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"{where}: stream ended before {', '.join(missing)}; the complete shards were "
-                "applied, a retry with the same push_id applies the rest",
-            )
-        return store.finish_push(
-            push_id=header.push_id,
-            computed_at=header.step,
-            contributor=header.id.task,
-            cursor=header.cursor,
-        )
-
-    def _push_reply(self, result: PushResult) -> ps_pb2.PushReply:
-        return ps_pb2.PushReply(
-            id=self.store.identity(),
-            accepted=result.accepted,
-            step=result.step,
-            reason=result.reason,
-        )
-
-    @_guarded
-    def Pull(self, request: ps_pb2.PullRequest, context: grpc.ServicerContext) -> Any:
-        header, arrays = self._pull(request, context, method="Pull")
-        yield from self._send(header, arrays, counter="pulls")
-
-    def _pull(
-        self, request: ps_pb2.PullRequest, context: grpc.ServicerContext, *, method: str
-    ) -> tuple[tensor_pb2.FrameHeader, list[np.ndarray]]:
-        """A Pull's reply header and values, once the request passed the checks."""
-        store = self.store
-        store.check(request.id, method=method)
+    def Read(self, request: ps_pb2.ReadRequest, context: grpc.ServicerContext) -> Any:
+        self.store.check(request.id, method="Read")
         step, arrays, tensors = self._read(
             request.id.task,
             list(request.names),
             min_step=request.min_step,
             context=context,
             selections=request.selections,
-            where=method,
         )
-        return tensor_pb2.FrameHeader(id=store.identity(), step=step, tensors=tensors), arrays
+        return self._reply(tensor_pb2.FrameHeader(step=step, tensors=tensors), arrays)
+
+    @_guarded
+    def Update(self, frames: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+        """Checks the whole header first (a refusal changes nothing), then applies each tensor
+        as soon as its bytes are in (async; sync sums the dense ones and counts the push once
+        all are in; gradient rows are applied on arrival in every mode, Hogwild-style)."""
+        store = self.store
+        staging: dict[str, Held] = {}
+        header, assembler, fill = streams.receive(
+            frames,
+            where="Update",
+            allocate=lambda s: (
+                staging[s.name].staging() if s.name in staging else streams.empty(s.shape, s.dtype)
+            ),
+        )
+        store.check(header.id, method="Update")
+        specs = self._unique(assembler.specs, where="Update")
+        rows: dict[int, tuple[Held, np.ndarray]] = {}
+        for i, t in enumerate(header.tensors):
+            if t.rows:
+                rows[i] = self._row_target(t, specs[i], where=f"Update.tensors[{i}]")
+            else:
+                staging[specs[i].name] = store.matching(specs[i], where=f"Update.tensors[{i}]")
+        policy = store.policy
+        refusal = policy.admit(header.step)
+        if refusal is not None:
+            store.note_cursor(header.id.task, header.cursor)
+            return self._update_reply(header, refusal, context)
+        try:
+            result = self._apply(header, fill, assembler, staging=staging, rows=rows, policy=policy)
+        except BaseException:
+            policy.release()
+            raise
+        return self._update_reply(header, result, context)
+
+    def _apply(
+        self,
+        header: tensor_pb2.FrameHeader,
+        fill: Iterator[range],
+        assembler: streams.Assembler,
+        *,
+        staging: Mapping[str, Held],
+        rows: Mapping[int, tuple[Held, np.ndarray]],
+        policy: Policy,
+    ) -> PushResult:
+        store, specs, push_id = self.store, assembler.specs, header.push_id
+        sync = not policy.applies_on_arrival
+        skip = store.already_applied(push_id)  # shards a retry of this push updated already
+        pending = []
+        for done in fill:
+            for i in done:
+                name, grad = specs[i].name, assembler.array(i)
+                if name in skip:
+                    continue
+                if i in rows:
+                    held, ids = rows[i]
+                    pending.append(store.apply_sparse(held, ids, grad, push_id=push_id))
+                elif not sync:
+                    pending.append(store.apply_dense(staging[name], grad, push_id=push_id))
+        store.counters.add("bytes_in", assembler.bytes)
+        for future in pending:
+            future.result()
+        missing = assembler.missing()
+        if missing:
+            store.counters.add("pushes_incomplete")
+            raise PsError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Update: stream ended before {', '.join(missing)}"
+                + (
+                    ""
+                    if sync
+                    else "; the complete shards were applied, a retry with the same "
+                    "push_id applies the rest"
+                ),
+            )
+        if rows:
+            store.counters.add("sparse_pushes")
+        dense = {
+            specs[i].name: (staging[specs[i].name], assembler.array(i))
+            for i in range(len(specs))
+            if sync and i not in rows
+        }
+        return policy.count(Push(push_id, header.step, header.id.task, header.cursor, dense))
+
+    def _update_reply(
+        self, request: tensor_pb2.FrameHeader, result: PushResult, context: grpc.ServicerContext
+    ) -> streams.Reply:
+        """The outcome and, when asked, the values of the updated dense shards."""
+        step = result.step
+        arrays: list[np.ndarray] = []
+        tensors: list[tensor_pb2.TensorSpec] = []
+        if request.then_read:
+            names = [t.name for t in request.tensors if not t.rows]
+            step, arrays, tensors = self._read(
+                request.id.task, names, min_step=request.min_step, context=context
+            )
+        header = tensor_pb2.FrameHeader(
+            step=step, tensors=tensors, accepted=result.accepted, reason=result.reason
+        )
+        return self._reply(header, arrays)
+
+    def _reply(self, header: tensor_pb2.FrameHeader, arrays: list[np.ndarray]) -> streams.Reply:
+        header.id.CopyFrom(self.store.identity())
+        reply = streams.Reply(header, [streams.byte_view(a) for a in arrays])
+        self.store.counters.add("bytes_out", reply.nbytes)
+        return reply
 
     def _read(
         self,
@@ -451,7 +386,6 @@ class ParameterServicer:
         min_step: int,
         context: grpc.ServicerContext,
         selections: Sequence[ps_pb2.RowSelection] = (),
-        where: str = "Pull",
     ) -> tuple[int, list[np.ndarray], list[tensor_pb2.TensorSpec]]:
         """The values of `names`, then the selected rows, once the step is at least `min_step`
         (and, with bounded staleness, once `task` is no longer too far ahead), all read at one
@@ -459,13 +393,14 @@ class ParameterServicer:
         store = self.store
         if min_step:
             store.wait_for_step(min_step, is_active=context.is_active)
-        store.wait_for_slowest(task, is_active=context.is_active)
+        store.policy.before_read(task, is_active=context.is_active)
         picks = []
         for i, selection in enumerate(selections):
-            spec = store.held(selection.name, where=f"{where}.selections[{i}]").spec
-            ids = self._row_ids(selection.rows, spec, where=f"{where}.selections[{i}].rows")
+            spec = store.held(selection.name, where=f"Read.selections[{i}]").spec
+            ids = self._row_ids(selection.rows, spec, where=f"Read.selections[{i}].rows")
             picks.append((selection.name, ids))
         step, values, rows = store.snapshot(names, picks)
+        store.counters.add("reads")
         arrays = [np.asarray(v) for _, v in values]
         tensors = [s.to_proto() for s, _ in values]
         for selection, (spec, picked) in zip(selections, rows, strict=True):
@@ -474,123 +409,28 @@ class ParameterServicer:
             tensors.append(streams.Spec(spec.name, shape, spec.dtype).to_proto(rows=selection.rows))
         return step, arrays, tensors
 
-    # --- sparse -----------------------------------------------------------------------------
-
-    @_guarded
-    def SparsePull(self, request: ps_pb2.SparsePullRequest, context: grpc.ServicerContext) -> Any:
-        store = self.store
-        store.check(request.id, method="SparsePull")
-        step, arrays, tensors = self._read(
-            request.id.task,
-            [],
-            min_step=request.min_step,
-            context=context,
-            selections=request.selections,
-            where="SparsePull",
-        )
-        header = tensor_pb2.FrameHeader(id=store.identity(), step=step, tensors=tensors)
-        yield from self._send(header, arrays, counter="sparse_pulls")
-
-    @_guarded
-    def SparsePush(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Any:
-        store = self.store
-        header, first = streams.read_header(request_iterator)
-        store.check(header.id, method="SparsePush")
-        specs = self._specs(header, where="SparsePush")
-        targets = self._row_targets(header, specs, range(len(specs)), where="SparsePush")
-        assembler = streams.Assembler(specs)
-        for decoded in self._chunks(first, request_iterator):
-            assembler.add(decoded)
-        store.counters.add("bytes_in", assembler.bytes)
-        self._require_complete(assembler, where="SparsePush")
-        self._apply_rows(
-            [(held, ids, assembler.array(i)) for i, (held, ids) in enumerate(targets)],
-            specs=specs,
-            push_id=header.push_id,
-        )
-        # Rows are applied on arrival in every mode and never count a step: the dense Push of
-        # the same worker step does (in sync mode embedding rows are updated Hogwild-style).
-        return self._push_reply(PushResult(True, store.step))
-
-    def _row_targets(
-        self,
-        header: tensor_pb2.FrameHeader,
-        specs: Sequence[streams.Spec],
-        which: Iterable[int],
-        *,
-        where: str,
-    ) -> list[tuple[Held, np.ndarray]]:
-        """The embedding shard and row ids of each sparse tensor `which` of a push, checked."""
-        targets = []
-        for i in which:
-            spec = specs[i]
-            held = self.store.matching(spec, where=f"{where}.tensors[{i}]", rows=True)
-            ids = self._row_ids(
-                header.tensors[i].rows, held.spec, where=f"{where}.tensors[{i}].rows"
+    def _row_target(
+        self, tensor: tensor_pb2.TensorSpec, spec: streams.Spec, *, where: str
+    ) -> tuple[Held, np.ndarray]:
+        """The embedding shard and row ids of one tensor of gradient rows, checked."""
+        held = self.store.matching(spec, where=where, rows=True)
+        ids = self._row_ids(tensor.rows, held.spec, where=f"{where}.rows")
+        if ids.size != (spec.shape[0] if spec.shape else -1):
+            raise PsError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{where}: {ids.size} row ids for {list(spec.shape)} values",
             )
-            if ids.size != (spec.shape[0] if spec.shape else -1):
-                raise PsError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"{where}.tensors[{i}]: {ids.size} row ids for {list(spec.shape)} values",
-                )
-            targets.append((held, ids))
-        return targets
-
-    def _apply_rows(
-        self,
-        rows: Sequence[tuple[Held, np.ndarray, Any]],
-        *,
-        specs: Sequence[streams.Spec],
-        push_id: str,
-    ) -> None:
-        """Applies gradient rows (held shard, row ids, bytes) of one push and waits for them;
-        shards this push_id updated before (a retry) are skipped."""
-        if not rows:
-            return
-        store = self.store
-        skip = store.already_applied(push_id)
-        pending = []
-        for (held, ids, data), spec in zip(rows, specs, strict=True):
-            if spec.name in skip:
-                continue
-            grads = np.frombuffer(data, dtype=spec.dtype).reshape(spec.shape)
-            pending.append(store.apply_sparse(held, ids, grads, push_id=push_id))
-        for future in pending:
-            future.result()
-        store.counters.add("sparse_pushes")
+        return held, ids
 
     # --- helpers ----------------------------------------------------------------------------
 
-    def _send(
-        self, header: tensor_pb2.FrameHeader, arrays: list[np.ndarray], *, counter: str
-    ) -> Iterator[bytes]:
-        """Streams `arrays` after `header` in ~1 MiB frames, counting what went out."""
-        sent = 0
-        for raw in streams.frames(
-            header, (streams.byte_view(a) for a in arrays), chunk_bytes=self._chunk_bytes
-        ):
-            sent += len(raw)
-            yield raw
-        self.store.counters.add("bytes_out", sent)
-        self.store.counters.add(counter)
-
     @staticmethod
-    def _specs(header: tensor_pb2.FrameHeader, *, where: str) -> list[streams.Spec]:
-        specs = [
-            streams.Spec.from_proto(t, where=f"{where}.tensors[{i}]")
-            for i, t in enumerate(header.tensors)
-        ]
+    def _unique(specs: Sequence[streams.Spec], *, where: str) -> Sequence[streams.Spec]:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
             raise streams.StreamError(f"{where}.tensors: shard {dup!r} appears twice")
         return specs
-
-    @staticmethod
-    def _chunks(first: Any, rest: Iterator[bytes]) -> Iterator[Any]:
-        if first.frame.header.tensors or len(first.data):
-            yield first
-        yield from streams.decode_all(rest)
 
     @staticmethod
     def _require_complete(assembler: streams.Assembler, *, where: str) -> None:

@@ -22,7 +22,7 @@ import grpc
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps_runtime import checkpoint
 from jaxps_runtime.client import PsClient, PsClientError
-from jaxps_runtime.shards import Mode
+from jaxps_runtime.policy import Mode
 from jaxps_runtime.task import Task
 
 log = logging.getLogger(__name__)

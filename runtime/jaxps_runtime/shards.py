@@ -1,5 +1,8 @@
 """The state of one ps task: its shards, their optimizer state, its step, epoch and counters.
 
+The store holds the state and its locking and applies updates; how pushes become updates is
+the current mode's `policy.Policy` (`mode_async`, `mode_bounded`, `mode_sync`), built at Init.
+
 Thread-safety contract (every method may be called from any of grpc's threads at once):
 - A shard's value is an immutable jax array. An update computes a new array and swaps the
   reference under `_lock`; readers take references under the lock and read them without it.
@@ -11,8 +14,10 @@ Thread-safety contract (every method may be called from any of grpc's threads at
 - Every write of (value, optimizer state) runs on one applier thread, in submission order, so
   no read-modify-write ever races. A push handler goes on receiving the next shard's chunks
   while the applier updates the previous one (jax releases the GIL while it computes).
-- `_changed` (a Condition on `_lock`) is notified on every step or state change; pulls that
-  wait for a minimum step sleep on it.
+- `_changed` (a Condition on `_lock`) is notified on every step or state change; reads that
+  wait for a minimum step sleep on it. Policies take `lock` for their own state too (it is
+  re-entrant, so they may call `count_push` holding it); a policy's own lock, when it has
+  one, is taken before it.
 Errors are `PsError`s carrying the gRPC status code the servicer answers with.
 """
 
@@ -33,23 +38,22 @@ import numpy as np
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import optim, rpc
+from jaxps_runtime import optim, rpc, streams
 from jaxps_runtime.config import OptimizerConfig
+from jaxps_runtime.mode_async import Async
+from jaxps_runtime.mode_bounded import Bounded
+from jaxps_runtime.mode_sync import Sync
+from jaxps_runtime.policy import Mode, Policy, PsError
 from jaxps_runtime.streams import Spec
 
 STATE_NAMES = {v: k for k, v in ps_pb2.PsState.items()}
+POLICIES: dict[int, type[Async] | type[Sync]] = {
+    ps_pb2.ASYNC: Async,
+    ps_pb2.BOUNDED_STALENESS: Bounded,
+    ps_pb2.SYNC: Sync,
+}
 _REMEMBERED_PUSHES = 4096
 _SPARE_BUFFERS = 2
-
-
-class PsError(Exception):
-    """A request the ps refuses; `code` is the gRPC status to answer with."""
-
-    def __init__(self, code: grpc.StatusCode, message: str, *, reason: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.reason = reason
 
 
 @dataclass
@@ -69,10 +73,15 @@ class Held:
         try:
             return self.spare.pop()  # list.pop is atomic under the GIL
         except IndexError:
-            return np.empty(self.spec.shape, dtype=self.spec.dtype)
+            return streams.empty(self.spec.shape, self.spec.dtype)
 
     def recycle(self, buffer: np.ndarray) -> None:
-        if len(self.spare) < _SPARE_BUFFERS and buffer.flags.writeable and buffer.base is None:
+        if (
+            len(self.spare) < _SPARE_BUFFERS
+            and buffer.flags.writeable
+            and buffer.shape == self.spec.shape
+            and streams.aligned(buffer)
+        ):
             self.spare.append(buffer)
 
 
@@ -97,16 +106,6 @@ class Counters:
 
 
 @dataclass(frozen=True)
-class Mode:
-    """How pushed gradients become updates (see `TrainingMode` in the proto)."""
-
-    kind: ps_pb2.TrainingMode = ps_pb2.ASYNC
-    replicas_to_aggregate: int = 0  # sync: 0 = one per live worker
-    max_staleness: int = 0  # bounded staleness
-    last_step: int = 0  # pushes refused from this step on; 0 = no limit
-
-
-@dataclass(frozen=True)
 class Snapshot:
     """A ps's shards and optimizer states as they were when its step was `step`.
 
@@ -122,13 +121,6 @@ class Snapshot:
     cursors: dict[str, int] = field(default_factory=dict)  # workers' data cursors at `step`
 
 
-@dataclass(frozen=True)
-class PushResult:
-    accepted: bool
-    step: int
-    reason: str = ""
-
-
 class ParameterStore:
     """What one ps holds, and the only code that changes it."""
 
@@ -137,7 +129,7 @@ class ParameterStore:
         self.task = task
         self.incarnation = incarnation or (secrets.randbits(62) | 1)
         self.counters = Counters()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by policies (see `count_push`)
         self._changed = threading.Condition(self._lock)
         self._state: ps_pb2.PsState = ps_pb2.UNINITIALIZED
         self._epoch = 0
@@ -151,21 +143,11 @@ class ParameterStore:
         self._finished: set[str] = set()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"{task}-apply")
         self._mode = Mode()
-        self._workers: tuple[str, ...] = ()
-        self._clocks: dict[str, int] = {}  # pushes counted per worker (bounded staleness)
-        self._reserved = 0  # async pushes admitted and not yet counted (see `admit`)
+        self._policy: Policy = Async(self, self._mode, ())
         # Each worker's data cursor as of the pushes counted so far: changed with the step,
         # under the same lock, so a snapshot holds the cursors that match its values.
         self._cursors: dict[str, int] = {}
         self._snapshots: dict[int, Future[Snapshot]] = {}  # step -> taken when it is reached
-        # Sync: the running sums of the current step, who contributed them (with the cursor
-        # each push carried, recorded when the step is applied), and whether the step is
-        # sealed (being applied: later pushes for it are stale, as backup workers' are).
-        # Guarded by `_sync_lock`, taken before `_lock` when both are needed.
-        self._sync_lock = threading.Lock()
-        self._sums: dict[str, np.ndarray] = {}
-        self._contributors: dict[str, int] = {}
-        self._sealed = False
 
     # --- identity and state ------------------------------------------------------------
 
@@ -186,6 +168,25 @@ class ParameterStore:
     @property
     def step(self) -> int:
         return self._step
+
+    @property
+    def lock(self) -> threading.RLock:
+        """Guards the step, the values and the cursors; policies take it for their own state."""
+        return self._lock
+
+    @property
+    def changed(self) -> threading.Condition:
+        """Notified on every step or state change (on `lock`)."""
+        return self._changed
+
+    @property
+    def policy(self) -> Policy:
+        """The current mode's decisions (a new one per Init)."""
+        return self._policy
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode
 
     def check(
         self,
@@ -271,15 +272,14 @@ class ParameterStore:
         if applier is None:
             applier = self._appliers[key] = optim.Applier(optim.build(optimizer))
 
+        mode = mode or Mode()
+        policy = POLICIES[mode.kind](self, mode, workers)
+
         def swap() -> None:
-            with self._sync_lock, self._changed:
+            with self._changed:
                 self._fail_snapshots(f"the chief re-initialised {self.task} (epoch {epoch})")
-                self._mode = mode or Mode()
-                self._workers = tuple(workers)
-                self._clocks = {}
+                self._mode, self._policy = mode, policy
                 self._cursors = {}
-                self._reserved = 0
-                self._sums, self._contributors, self._sealed = {}, {}, False
                 self._tensors = {s.name: Held(s) for s in specs}
                 self._optimizer, self._applier = optimizer, applier
                 self._epoch, self._step = epoch, step
@@ -299,9 +299,11 @@ class ParameterStore:
                 applier = self._applier
             if held is None or applier is None:
                 return  # a new Init replaced the declared shards meanwhile
-            # device_put copies (the source may be a view of received bytes); it is ~10x
-            # faster than jnp.asarray on large host arrays.
-            value = jax.device_put(np.array(array, copy=True))
+            # One copy, into an aligned array nothing else refers to, which device_put then
+            # uses in place (the source may be a view of received bytes).
+            private = streams.empty(held.spec.shape, held.spec.dtype)
+            np.copyto(private, np.asarray(array).reshape(held.spec.shape))
+            value = jax.device_put(private)
             state = applier.init(value)
             with self._changed:
                 held.value, held.opt_state = value, state
@@ -373,23 +375,21 @@ class ParameterStore:
 
         return self._executor.submit(run)
 
-    def finish_push(
-        self, *, push_id: str, computed_at: int, contributor: str = "", cursor: int = 0
-    ) -> PushResult:
-        """Counts one push whose shards are applied: the step advances by one (async), and the
-        contributor's data cursor becomes `cursor` with it.
+    def count_push(self, push_id: str, cursors: Mapping[str, int]) -> tuple[bool, int]:
+        """Counts one push (or, in sync mode, a step's pushes, with no push_id) whose updates
+        are applied: the step advances by one and each worker's data cursor of `cursors`
+        with it. A push whose id counted before is a duplicate and counts nothing: (whether it
+        counted, the step after it). Callers may hold `lock`.
 
         Every ps counts every push, including pushes that carry none of its shards, so the ps
-        steps stay equal; a push whose id was counted before is a duplicate and counts nothing.
+        steps stay equal.
         """
         with self._changed:
-            self._reserved = max(self._reserved - 1, 0)
             duplicate = bool(push_id) and push_id in self._finished
             if not duplicate:
                 self._step += 1
-                if contributor:
-                    self._clocks[contributor] = self._clocks.get(contributor, 0) + 1
-                    self._note_cursor_locked(contributor, cursor)
+                for worker, cursor in cursors.items():
+                    self._note_cursor_locked(worker, cursor)
                 self._take_snapshot_if_asked()
                 self._changed.notify_all()
             if push_id:
@@ -399,13 +399,7 @@ class ParameterStore:
                 while len(self._pushes) > _REMEMBERED_PUSHES:
                     forgotten, _ = self._pushes.popitem(last=False)
                     self._finished.discard(forgotten)
-            step = self._step
-        if duplicate:
-            self.counters.add("pushes_duplicate")
-            return PushResult(accepted=True, step=step, reason="duplicate push_id: already applied")
-        self.counters.add("pushes_accepted")
-        self.counters.set("staleness", float(max(step - 1 - computed_at, 0)))
-        return PushResult(accepted=True, step=step)
+            return not duplicate, self._step
 
     # --- data cursors -----------------------------------------------------------------------
 
@@ -423,145 +417,6 @@ class ParameterStore:
         """Each worker's data cursor: the batches it has used whose pushes this ps counted."""
         with self._lock:
             return dict(self._cursors)
-
-    # --- modes ----------------------------------------------------------------------------
-
-    @property
-    def mode(self) -> Mode:
-        return self._mode
-
-    def _expected(self) -> int:
-        return max(1, self._mode.replicas_to_aggregate or len(self._workers))
-
-    def awaiting(self) -> int:
-        """Sync: gradients still awaited for the current step (0 in other modes)."""
-        if self._mode.kind != ps_pb2.SYNC:
-            return 0
-        with self._sync_lock:
-            return max(self._expected() - len(self._contributors), 0)
-
-    def admit(self, *, step: int) -> PushResult | None:
-        """A refusal for a push computed at `step`, decided before its bytes are read; or None.
-
-        Async and bounded staleness: an admitted push reserves one of the steps left before
-        `last_step` (so concurrent pushes never take the step past it) until `finish_push` or
-        `release` returns it.
-        """
-        with self._lock:
-            current, mode = self._step, self._mode
-            left = mode.last_step - current - self._reserved if mode.last_step else 1
-            if mode.kind != ps_pb2.SYNC and left > 0:
-                self._reserved += 1
-        if left <= 0:
-            self.counters.add("pushes_rejected")
-            return PushResult(False, current, f"training is over: step {mode.last_step} reached")
-        if mode.kind == ps_pb2.SYNC and step != current:
-            self.counters.add("pushes_stale")
-            return PushResult(False, current, f"stale: computed at step {step}, ps is at {current}")
-        return None
-
-    def release(self) -> None:
-        """Returns the step an admitted push reserved (the push failed before it counted)."""
-        with self._lock:
-            self._reserved = max(self._reserved - 1, 0)
-
-    def contribute(
-        self,
-        *,
-        step: int,
-        contributor: str,
-        grads: Mapping[str, tuple[Held, np.ndarray]],
-        cursor: int = 0,
-    ) -> PushResult:
-        """Sync: adds one worker's gradient to the step's sums; the last one applies the mean.
-
-        The sums are taken over in place (the first gradient's buffer becomes the sum). A push
-        for a step that moved on, or that is being applied, is refused as stale; a second push
-        from the same contributor for the same step is a duplicate and adds nothing.
-        """
-        with self._sync_lock:
-            current = self._step
-            if step != current or self._sealed:
-                self.counters.add("pushes_stale")
-                self.note_cursor(contributor, cursor)
-                return PushResult(
-                    False, current, f"stale: computed at step {step}, step {current} is closed"
-                )
-            if contributor in self._contributors:
-                self.counters.add("pushes_duplicate")
-                return PushResult(True, current, "duplicate: already aggregated for this step")
-            for name, (held, grad) in grads.items():
-                total = self._sums.get(name)
-                if total is None:
-                    self._sums[name] = grad if grad.flags.writeable else grad.copy()
-                else:
-                    np.add(total, grad, out=total)
-                    held.recycle(grad)
-            self._contributors[contributor] = cursor
-            self.counters.add("pushes_accepted")
-            ready = self._seal_if_complete()
-        if ready is not None:
-            return PushResult(True, self._apply_mean(*ready))
-        return PushResult(True, current)
-
-    def _seal_if_complete(self) -> tuple[dict[str, np.ndarray], dict[str, int]] | None:
-        """With `_sync_lock` held: takes the sums (and who contributed them, with their
-        cursors) out once enough gradients are in."""
-        count = len(self._contributors)
-        if count == 0 or count < self._expected():
-            return None
-        sums, self._sums = self._sums, {}
-        contributors, self._contributors = self._contributors, {}
-        self._sealed = True
-        return sums, contributors
-
-    def _apply_mean(self, sums: dict[str, np.ndarray], contributors: dict[str, int]) -> int:
-        """Applies the mean of the contributors' gradients to every shard, then opens the next
-        step with their cursors; returns it."""
-        pending, count = [], len(contributors)
-        for name, total in sums.items():
-            np.divide(total, count, out=total)
-            held = self._tensors.get(name)
-            if held is not None:
-                pending.append(self.apply_dense(held, total, push_id=""))
-        for future in pending:
-            future.result()
-        with self._sync_lock, self._changed:
-            self._step += 1
-            for worker, cursor in contributors.items():
-                self._note_cursor_locked(worker, cursor)
-            self._sealed = False
-            self._take_snapshot_if_asked()
-            self._changed.notify_all()
-            return self._step
-
-    def set_workers(self, workers: Sequence[str]) -> None:
-        """The live workers changed: sync may now have enough gradients for the step."""
-        with self._sync_lock:
-            with self._changed:
-                self._workers = tuple(workers)
-                self._changed.notify_all()
-            ready = self._seal_if_complete() if self._mode.kind == ps_pb2.SYNC else None
-        if ready is not None:
-            self._apply_mean(*ready)
-
-    def workers(self) -> tuple[str, ...]:
-        return self._workers
-
-    def wait_for_slowest(self, task: str, *, is_active: Callable[[], bool]) -> None:
-        """Bounded staleness: blocks while `task` is too far ahead of the slowest live worker."""
-        if self._mode.kind != ps_pb2.BOUNDED_STALENESS:
-            return
-        with self._changed:
-            while task in self._workers:
-                slowest = min(self._clocks.get(w, 0) for w in self._workers)
-                if self._clocks.get(task, 0) - slowest <= self._mode.max_staleness:
-                    return
-                if self._state == ps_pb2.SHUTTING_DOWN:
-                    raise PsError(grpc.StatusCode.UNAVAILABLE, f"{self.task} is shutting down")
-                if not is_active():
-                    raise PsError(grpc.StatusCode.CANCELLED, "the caller went away")
-                self._changed.wait(timeout=0.5)
 
     # --- pull -----------------------------------------------------------------------------
 
@@ -595,6 +450,9 @@ class ParameterStore:
                 held = self._valued(name)
                 picked.append((held.spec, np.asarray(held.value)[ids]))
             return self._step, out, picked
+
+    def find(self, name: str) -> Held | None:
+        return self._tensors.get(name)
 
     def _valued(self, name: str) -> Held:
         held = self.held(name, where="Pull")

@@ -1,9 +1,10 @@
-"""Tensor streams: cutting tensors into ~1 MiB `Frame`s and putting them back together.
+"""Tensor streams: a header naming tensors, then their bytes back to back, in `Frame`s.
 
-Both ends use these: the client to push and the ps to pull (`frames`), the ps to receive pushes
-and the client to receive pulls (`Assembler`). Chunks of one tensor arrive in order; any other
-order, a chunk out of bounds or misaligned, or an unknown tensor index is a `StreamError` whose
-message names the tensor, so a bad peer gets INVALID_ARGUMENT and nothing half-written is used.
+A stream is packed (`pack`: one frame carries every byte) or streamed (`frames`: ~1 MiB
+windows); the transport (`rpc.call`) chooses by size and both forms read the same way
+(`receive`, `Assembler`). Windows arrive in order and end exactly at the tensors' end; anything
+else is a `StreamError` naming what was wrong, so a bad peer gets INVALID_ARGUMENT and nothing
+half-written is used.
 
 Not thread-safe: one `Assembler` per stream.
 """
@@ -69,11 +70,45 @@ class Spec:
         )
 
 
+ALIGNMENT = 64
+
+
+def empty(shape: tuple[int, ...], dtype: np.dtype[np.generic]) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data is 64-byte aligned.
+
+    Everything received that goes into a jitted function lands in one of these: XLA's CPU
+    client uses an aligned host array in place, while an array numpy allocated itself (16-byte
+    aligned) is first copied at a few GB/s, several milliseconds per megabytes-sized tensor.
+    """
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def aligned(array: np.ndarray) -> bool:
+    """Whether XLA can use the array's data in place; an empty array has no data to copy."""
+    return array.size == 0 or array.ctypes.data % ALIGNMENT == 0
+
+
 def byte_view(array: np.ndarray) -> memoryview:
     """A flat byte view of a C-contiguous array, without copying."""
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
     return array.reshape(-1).view(np.uint8).data
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A Frame-stream reply as a servicer builds it: the header and each tensor's bytes, in
+    header order. The transport (`rpc`) frames it packed or streamed."""
+
+    header: tensor_pb2.FrameHeader
+    buffers: Sequence[memoryview]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(b) for b in self.buffers)
 
 
 def frames(
@@ -82,37 +117,39 @@ def frames(
     *,
     chunk_bytes: int = CHUNK_BYTES,
 ) -> Iterator[bytes]:
-    """Encoded frames carrying `buffers` in order; the header rides on the first frame."""
+    """Encoded frames carrying the bytes of `buffers` back to back in windows of `chunk_bytes`
+    (a window may span tensors); the header rides on the first frame, which carries the first
+    window too. A frame's `offset` is where its window starts in the stream's bytes."""
     first: tensor_pb2.FrameHeader | None = header
-    for index, buf in enumerate(buffers):
-        size = len(buf)
-        for offset in range(0, max(size, 1), chunk_bytes):
-            frame = tensor_pb2.Frame(tensor=index, offset=offset)
-            if first is not None:
-                frame.header.CopyFrom(first)
-                first = None
-            yield codec.encode(frame, buf[offset : offset + chunk_bytes])
-    if first is not None:  # no tensors at all: the header alone
-        yield codec.encode(tensor_pb2.Frame(header=first))
+    parts: list[memoryview] = []
+    size = offset = 0
+
+    def frame() -> bytes:
+        nonlocal first
+        msg = tensor_pb2.Frame(offset=offset)
+        if first is not None:
+            msg.header.CopyFrom(first)
+            first = None
+        return codec.encode_parts(msg, parts)
+
+    for buf in buffers:
+        at = 0
+        while at < len(buf):
+            take = min(chunk_bytes - size, len(buf) - at)
+            parts.append(buf[at : at + take])
+            at += take
+            size += take
+            if size == chunk_bytes:
+                yield frame()
+                offset += size
+                parts, size = [], 0
+    if size or first is not None:  # the last window, or the header alone
+        yield frame()
 
 
 def pack(header: tensor_pb2.FrameHeader, buffers: Iterable[memoryview]) -> bytes:
-    """One frame carrying `header` and every buffer back to back (PushPull's packed form)."""
+    """One frame carrying `header` and every buffer back to back: the packed form of a stream."""
     return codec.encode_parts(tensor_pb2.Frame(header=header), list(buffers))
-
-
-def unpack(data: memoryview, specs: Sequence[Spec], *, where: str) -> list[memoryview]:
-    """The bytes of each tensor in a packed frame's `data`; the sizes must add up exactly."""
-    need = sum(spec.nbytes for spec in specs)
-    if len(data) != need:
-        raise StreamError(
-            f"{where}: the frame carries {len(data)} bytes; its {len(specs)} tensors need {need}"
-        )
-    views, at = [], 0
-    for spec in specs:
-        views.append(data[at : at + spec.nbytes])
-        at += spec.nbytes
-    return views
 
 
 def read_header(raw_frames: Iterator[bytes]) -> tuple[tensor_pb2.FrameHeader, codec.Decoded]:
@@ -131,7 +168,9 @@ def read_header(raw_frames: Iterator[bytes]) -> tuple[tensor_pb2.FrameHeader, co
 
 
 class Assembler:
-    """Puts chunks back into whole tensors, in place into given buffers or into new ones."""
+    """Puts a stream's windows back into whole tensors, in place into given buffers or into new
+    ones (`allocate`, or `empty`); with neither `into` nor `allocate`, a tensor that one frame
+    carries whole stays a zero-copy view of the received bytes."""
 
     def __init__(
         self,
@@ -142,66 +181,100 @@ class Assembler:
     ) -> None:
         self.specs = tuple(specs)
         self._allocate = allocate
-        self._received = [0] * len(self.specs)
         self._arrays: list[np.ndarray | None] = list(into) if into else [None] * len(self.specs)
-        self._complete = [False] * len(self.specs)
-        self.bytes = 0
+        self._starts = [0] * len(self.specs)
+        at = 0
+        for i, spec in enumerate(self.specs):
+            self._starts[i] = at
+            at += spec.nbytes
+        self.total = at
+        self.bytes = 0  # received so far: where the next frame's window must start
+        self._next = 0  # the first tensor not complete yet
 
-    def add(self, decoded: codec.Decoded) -> int | None:
-        """Takes one chunk; returns the index of the tensor it completed, if it did."""
+    def add(self, decoded: codec.Decoded) -> range:
+        """Takes one frame; returns the indices of the tensors it completed."""
         frame, data = decoded
-        index = frame.tensor
-        if index >= len(self.specs):
+        if frame.offset != self.bytes:
             raise StreamError(
-                f"chunk for tensor #{index}; the header declares {len(self.specs)} tensors"
+                f"frame at byte {frame.offset}, expected byte {self.bytes} (frames arrive in order)"
             )
-        spec = self.specs[index]
-        if self._complete[index]:
-            raise StreamError(f"tensor {spec.name!r}: chunk after the tensor was complete")
-        size = len(data)
-        if frame.offset != self._received[index]:
+        end = self.bytes + len(data)
+        if end > self.total:
             raise StreamError(
-                f"tensor {spec.name!r}: chunk at byte {frame.offset}, expected byte "
-                f"{self._received[index]} (chunks of a tensor arrive in order)"
+                f"frames carry {end} bytes; the header's {len(self.specs)} tensors hold "
+                f"{self.total}"
             )
-        end = frame.offset + size
-        if end > spec.nbytes:
-            raise StreamError(
-                f"tensor {spec.name!r}: chunk ends at byte {end}, past its {spec.nbytes} bytes"
-            )
-        out = self._arrays[index]
-        if out is None and size == spec.nbytes:
-            # The whole tensor in one chunk: a zero-copy view of the received bytes.
-            self._arrays[index] = np.frombuffer(data, dtype=spec.dtype).reshape(spec.shape)
-        else:
-            if out is None:
-                if self._allocate:
-                    out = self._allocate(spec)
-                else:
-                    out = np.empty(spec.shape, dtype=spec.dtype)
-                self._arrays[index] = out
-            flat = out.reshape(-1).view(np.uint8)
-            flat[frame.offset : end] = np.frombuffer(data, dtype=np.uint8)
-        self._received[index] = end
-        self.bytes += size
-        if end == spec.nbytes:
-            self._complete[index] = True
-            return index
-        return None
+        first = self._next
+        while self._next < len(self.specs):
+            i = self._next
+            spec, start = self.specs[i], self._starts[i]
+            lo, hi = max(start, self.bytes), min(start + spec.nbytes, end)
+            if hi > lo or spec.nbytes == 0:
+                self._copy(i, data[lo - self.bytes : hi - self.bytes], at=lo - start)
+            if start + spec.nbytes > end:
+                break
+            self._next += 1
+        self.bytes = end
+        return range(first, self._next)
+
+    def _copy(self, index: int, window: memoryview, *, at: int) -> None:
+        spec, out = self.specs[index], self._arrays[index]
+        if out is None and len(window) == spec.nbytes and self._allocate is None:
+            self._arrays[index] = np.frombuffer(window, dtype=spec.dtype).reshape(spec.shape)
+            return
+        if out is None:
+            out = self._allocate(spec) if self._allocate else empty(spec.shape, spec.dtype)
+            self._arrays[index] = out
+        flat = out.reshape(-1).view(np.uint8)
+        flat[at : at + len(window)] = np.frombuffer(window, dtype=np.uint8)
 
     def array(self, index: int) -> np.ndarray:
         out = self._arrays[index]
-        if out is None or not self._complete[index]:
+        if out is None or index >= self._next:
             raise StreamError(f"tensor {self.specs[index].name!r} is not complete")
         return out
 
     def missing(self) -> list[str]:
         """Tensors not complete, as "name (got/total bytes)"."""
         return [
-            f"{s.name!r} ({self._received[i]}/{s.nbytes} bytes)"
+            f"{s.name!r} ({min(max(self.bytes - self._starts[i], 0), s.nbytes)}/{s.nbytes} bytes)"
             for i, s in enumerate(self.specs)
-            if not self._complete[i]
+            if i >= self._next
         ]
+
+
+def receive(
+    raw_frames: Iterator[bytes],
+    *,
+    into: Sequence[np.ndarray | None] | None = None,
+    allocate: Callable[[Spec], np.ndarray] | None = None,
+    where: str,
+    expect: Sequence[Spec] | None = None,
+) -> tuple[tensor_pb2.FrameHeader, Assembler, Iterator[range]]:
+    """Starts reading a stream: its header, the assembler of its tensors (checked against
+    `expect` when given) and an iterator over the frames that fills it, yielding the tensors
+    each frame completed. The caller drains the iterator, then checks `missing()`."""
+    header, first = read_header(raw_frames)
+    specs = [
+        Spec.from_proto(t, where=f"{where}.tensors[{i}]") for i, t in enumerate(header.tensors)
+    ]
+    if expect is not None:
+        got = [(s.name, s.shape, s.dtype) for s in specs]
+        want = [(s.name, s.shape, s.dtype) for s in expect]
+        if got != want:
+            raise StreamError(f"{where}: the stream carries {_names(got)}, expected {_names(want)}")
+    assembler = Assembler(specs, into=into, allocate=allocate)
+
+    def fill() -> Iterator[range]:
+        yield assembler.add(first)
+        for decoded in decode_all(raw_frames):
+            yield assembler.add(decoded)
+
+    return header, assembler, fill()
+
+
+def _names(specs: Sequence[tuple[str, tuple[int, ...], np.dtype[np.generic]]]) -> str:
+    return ", ".join(f"{n} {d.name}{list(s)}" for n, s, d in specs) or "no tensors"
 
 
 def decode_all(raw_frames: Iterator[bytes], *, start: int = 1) -> Iterator[codec.Decoded]:

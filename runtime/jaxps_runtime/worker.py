@@ -1,13 +1,14 @@
-"""The worker: pull, `jax.value_and_grad` under `jax.jit`, push; on its own shard of the data.
+"""The worker: read, `jax.value_and_grad` under `jax.jit`, update; on its own shard of the data.
 
-Between-graph replication as TensorFlow's workers do it, against the ps tier:
-- dense variables are pulled whole (into buffers reused across steps); an embedding table is
-  pulled by rows: only the unique ids of the batch, padded to a power of two so the jitted
-  step compiles a few times only, and the batch's ids are remapped to positions in those rows;
-- sync: the next pull waits for the step the ps tasks reach once enough workers have pushed;
-  a refused (stale) push just moves on to the current step;
-- async and bounded staleness: pull whatever is there (the ps holds a worker back that is too
-  far ahead), push, repeat.
+Between-graph replication as TensorFlow's workers do it, against the ps tier, one Read and one
+Update per ps and step:
+- dense variables are read whole (into buffers reused across steps); an embedding table is
+  read by rows: only the unique ids of the batch, padded to one size per table so the jitted
+  step compiles once, and the batch's ids are remapped to positions in those rows;
+- sync: the update brings back the values of the next step (the ps replies once enough workers
+  have pushed); a refused (stale) push just moves on to the current step;
+- async and bounded staleness: read whatever is there (the ps holds a worker back that is too
+  far ahead), update, repeat.
 The worker stops when the global step reaches `steps` or the chief says stop, and exits with
 `stopping.Stopped` between two steps (or from a wait) once the task is told to stop: then it
 does not tell the chief it is done, so the chief drops it after `workerTimeoutSeconds` as it
@@ -210,8 +211,7 @@ class Worker:
     def _loop(self) -> None:
         sync = self.task.training.mode == "sync"
         self._buffers: dict[str, np.ndarray] | None = None
-        self._pulled: int | None = None  # the step of _buffers when the last push brought them
-        self._packs = self.client.packs(self.task.dense_variables)
+        self._pulled: int | None = None  # the step of _buffers when the last update brought them
         min_step = 0
         while not self.finished.is_set():
             self.task.stop.check()  # the safe point: between two steps
@@ -268,55 +268,42 @@ class Worker:
         )
         rows = self._wanted_rows(batch)
         params: dict[str, Any]
-        if self._pulled is not None:  # sync: the last PushPull brought this step's values
+        if self._pulled is not None:  # sync: the last update brought this step's values
             step, self._pulled = self._pulled, None
             params = dict(self._buffers or {})
-        elif self._packs:  # one message per ps: the dense values and the batch's rows
-            step, params = self.client.pull_packed(
+        else:  # one Read per ps: the dense values and the batch's rows
+            step, params = self.client.read(
                 min_step=min_step, into=self._buffers, variables=dense, rows=rows
             )
             self._buffers = {name: params[name] for name in dense}
-        else:
-            step, self._buffers = self.client.pull(
-                min_step=min_step, into=self._buffers, variables=dense
-            )
-            params = dict(self._buffers)
         self.step = step
         task.metrics.global_step.set(step)
         if step >= training.steps:
             return -1
-        if rows and not self._packs:
-            params.update(self.client.sparse_pull(rows))
         pulled = time.perf_counter()
         loss, grads = self._grad(task.layout.unflatten(params), batch)
         named = {n: np.asarray(g) for n, g in placement.named_leaves(grads)[1].items()}
         self.loss = float(loss)
         computed = time.perf_counter()
-        sparse = {v: (ids, named[v]) for v, ids in rows.items()}
-        if self._packs:
-            # One message each way per ps, the embedding rows included. Sync without tables:
-            # the push, then the values of the next step (exactly what the next pull would wait
-            # for). Otherwise the push alone: the next step reads the values (and its rows)
-            # afresh at its start, as TensorFlow's workers do, because values read right after
-            # one's own push miss the other workers' pushes of the meantime (staler gradients;
-            # async Adam visibly oscillates).
-            keep = sync and not rows
-            next_step, values, replies = self.client.push_pull(
-                named,
-                step=step,
-                min_step=step + 1 if keep else 0,
-                into=self._buffers,
-                variables=dense,
-                rows=sparse,
-                push_only=not keep,
-                cursor=self.cursor + 1,
-            )
-            if keep:
-                self._buffers, self._pulled = values, next_step
-        else:
-            if sparse:
-                self.client.sparse_push(sparse, step=step)
-            replies = self.client.push(named, step=step, variables=dense, cursor=self.cursor + 1)
+        # One Update per ps, the embedding rows included. Sync without tables: the update,
+        # then the values of the next step (exactly what the next read would wait for).
+        # Otherwise the update alone: the next step reads the values (and its rows) afresh at
+        # its start, as TensorFlow's workers do, because values read right after one's own
+        # update miss the other workers' updates of the meantime (staler gradients; async
+        # Adam visibly oscillates).
+        keep = sync and not rows
+        next_step, values, replies = self.client.update(
+            named,
+            step=step,
+            variables=dense,
+            rows={v: (ids, named[v]) for v, ids in rows.items()},
+            cursor=self.cursor + 1,
+            then_read=keep,
+            min_step=step + 1 if keep else 0,
+            into=self._buffers,
+        )
+        if keep:
+            self._buffers, self._pulled = values, next_step
         pushed = time.perf_counter()
         self.cursor += 1
         task.metrics.loss.set(self.loss)

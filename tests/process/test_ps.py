@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from jaxps.v1 import parameter_server_pb2, parameter_server_pb2_grpc, tensor_pb2
 from jaxps_runtime import catalog, codec, config, launch, placement, rpc
 from jaxps_runtime.client import PsClient, PsClientError, PsRestartedError
-from jaxps_runtime.shards import Mode
+from jaxps_runtime.policy import Mode
 
 JOB_ID = "test-job"
 
@@ -78,14 +78,14 @@ def test_push_then_pull_is_exact_with_sgd_learning_rate_one(two_ps: launch.Local
     rng = np.random.default_rng(0)
     client, params = _init(two_ps, _model(rng), min_shard_bytes=64 << 10)
     assert {s.ps for s in client.placement.shards} == {0, 1}
-    step, pulled = client.pull()
+    step, pulled = client.read()
     assert step == 0
     for name, value in params.items():
         assert np.array_equal(pulled[name], value)
     grads = {n: rng.standard_normal(np.shape(v)).astype(np.float32) for n, v in params.items()}
-    replies = client.push(grads, step=0)
+    replies = client.update(grads, step=0)[2]
     assert [r.accepted for r in replies] == [True, True]
-    step, pulled = client.pull()
+    step, pulled = client.read()
     assert step == 1
     for name, value in params.items():
         expected = np.asarray(value, np.float32) - grads[name]
@@ -108,7 +108,7 @@ def test_concurrent_pushes_from_several_clients_are_all_applied(two_ps: launch.L
                     n: np.full(np.shape(v), -(i + 1) * (k + 1), np.float32)
                     for n, v in placement.named_leaves(tree)[1].items()
                 }
-                assert all(r.accepted for r in clients[i].push(grads, step=k))
+                assert all(r.accepted for r in clients[i].update(grads, step=k)[2])
         except BaseException as err:  # surfaced below
             errors.append(err)
 
@@ -118,7 +118,7 @@ def test_concurrent_pushes_from_several_clients_are_all_applied(two_ps: launch.L
     for t in threads:
         t.join(timeout=120)
     assert not errors, errors
-    step, pulled = chief.pull()
+    step, pulled = chief.read()
     total = sum((i + 1) * (k + 1) for i in range(workers) for k in range(pushes_each))
     assert step == workers * pushes_each
     for value in pulled.values():
@@ -132,12 +132,12 @@ def test_a_64_mib_pytree_round_trips(two_ps: launch.LocalPs) -> None:
     tree = {f"layer{i}": rng.standard_normal((1024, 2048)).astype(np.float32) for i in range(8)}
     assert sum(v.nbytes for v in tree.values()) == 64 << 20
     client, params = _init(two_ps, tree)
-    _, pulled = client.pull()
+    _, pulled = client.read()
     for name, value in params.items():
         assert np.array_equal(pulled[name], value)
     grads = {n: np.ones_like(v) for n, v in params.items()}
-    client.push(grads, step=0)
-    _, pulled = client.pull()
+    client.update(grads, step=0)
+    _, pulled = client.read()
     for name, value in params.items():
         assert np.array_equal(pulled[name], value - 1)
     client.close()
@@ -150,11 +150,11 @@ def test_sparse_row_pull_and_push_touch_only_those_rows(two_ps: launch.LocalPs) 
     shards = client.placement.shards_of("['embedding']")
     assert len(shards) == 2  # 3.2 MB > 256 KiB: split over both ps
     ids = np.array([3, 49_999, 3, 25_001, 7, 3])  # both shards, with duplicates
-    got = client.sparse_pull({"['embedding']": ids})["['embedding']"]
+    got = client.read(variables=(), rows={"['embedding']": ids})[1]["['embedding']"]
     assert np.array_equal(got, table[ids])
     grad_rows = np.ones((ids.size, dim), np.float32)
-    client.sparse_push({"['embedding']": (ids, grad_rows)}, step=0)
-    _, pulled = client.pull()
+    client.update({}, variables=(), rows={"['embedding']": (ids, grad_rows)}, step=0)
+    _, pulled = client.read()
     expected = table.copy()
     np.subtract.at(expected, ids, 1.0)  # duplicate ids are summed: row 3 moves by 3
     assert np.array_equal(pulled["['embedding']"], expected)
@@ -173,9 +173,9 @@ def test_sparse_updates_leave_other_rows_optimizer_state_alone(two_ps: launch.Lo
         ),
     )
     ids = np.array([1, 2])
-    client.sparse_push({"['e']": (ids, np.ones((2, 4), np.float32))}, step=0)
-    client.sparse_push({"['e']": (np.array([2]), np.ones((1, 4), np.float32))}, step=1)
-    _, pulled = client.pull()
+    client.update({}, variables=(), rows={"['e']": (ids, np.ones((2, 4), np.float32))}, step=0)
+    client.update({}, variables=(), rows={"['e']": (np.array([2]), np.ones((1, 4)))}, step=1)
+    _, pulled = client.read()
     # Adagrad: row 1 saw g=1 once (-1); row 2 saw it twice (-1 - 1/sqrt(2)); others stay 0.
     assert np.allclose(pulled["['e']"][1], -1.0)
     assert np.allclose(pulled["['e']"][2], -1.0 - 1 / np.sqrt(2), atol=1e-6)
@@ -189,13 +189,13 @@ def test_a_client_of_another_job_is_refused(two_ps: launch.LocalPs) -> None:
     intruder = _client(two_ps, tree, job_id="someone-else", task="worker-9")
     intruder.epoch = chief.epoch
     with pytest.raises(PsClientError) as caught:
-        intruder.push({"['w']": np.ones(8, np.float32)}, step=0)
+        intruder.update({"['w']": np.ones(8, np.float32)}, step=0)
     assert caught.value.code == grpc.StatusCode.PERMISSION_DENIED
     assert "someone-else" in caught.value.details
     assert JOB_ID in caught.value.details
     with pytest.raises(PsClientError):
-        intruder.pull()
-    _, pulled = chief.pull()
+        intruder.read()
+    _, pulled = chief.read()
     assert np.array_equal(pulled["['w']"], np.ones(8, np.float32))  # nothing applied
     intruder.close()
     chief.close()
@@ -204,12 +204,12 @@ def test_a_client_of_another_job_is_refused(two_ps: launch.LocalPs) -> None:
 def test_a_retried_push_is_applied_once(two_ps: launch.LocalPs) -> None:
     chief, _ = _init(two_ps, {"w": np.zeros(1000, np.float32)})
     grads = {"['w']": np.ones(1000, np.float32)}
-    first = chief.push(grads, step=0, push_id="push-42")
-    again = chief.push(grads, step=0, push_id="push-42")
+    first = chief.update(grads, step=0, push_id="push-42")[2]
+    again = chief.update(grads, step=0, push_id="push-42")[2]
     assert [r.step for r in first] == [1, 1]
     assert [r.step for r in again] == [1, 1]
     assert all("duplicate" in r.reason for r in again)
-    _, pulled = chief.pull()
+    _, pulled = chief.read()
     assert np.all(pulled["['w']"] == -1)
     chief.close()
 
@@ -219,12 +219,12 @@ def test_pull_waits_for_a_minimum_step(two_ps: launch.LocalPs) -> None:
     result: dict[str, Any] = {}
     waiter = _worker(chief, "worker-1")
     thread = threading.Thread(
-        target=lambda: result.update(zip(("step", "v"), waiter.pull(min_step=2), strict=False))
+        target=lambda: result.update(zip(("step", "v"), waiter.read(min_step=2), strict=False))
     )
     thread.start()
-    chief.push({"['w']": np.ones(10, np.float32)}, step=0)
+    chief.update({"['w']": np.ones(10, np.float32)}, step=0)
     assert thread.is_alive() or result.get("step", 0) >= 2
-    chief.push({"['w']": np.ones(10, np.float32)}, step=1)
+    chief.update({"['w']": np.ones(10, np.float32)}, step=1)
     thread.join(timeout=60)
     assert result["step"] == 2
     assert np.all(result["v"]["['w']"] == -2)
@@ -232,31 +232,39 @@ def test_pull_waits_for_a_minimum_step(two_ps: launch.LocalPs) -> None:
     chief.close()
 
 
-def test_push_pull_applies_the_push_then_returns_the_new_values(two_ps: launch.LocalPs) -> None:
-    tree = {"w": np.arange(6, dtype=np.float32), "b": np.zeros(3, np.float32)}
+@pytest.mark.parametrize("framing", ["packed", "streamed"])
+def test_an_update_can_bring_back_the_new_values(two_ps: launch.LocalPs, framing: str) -> None:
+    tree = {"w": np.arange(600, dtype=np.float32), "b": np.zeros(3, np.float32)}
     chief, params = _init(two_ps, tree, min_shard_bytes=8)
     assert {s.ps for s in chief.placement.shards} == {0, 1}
-    assert chief.packs(list(params))
+    if framing == "streamed":  # every call's bytes exceed one 64-byte chunk: frames of 64
+        epoch = chief.epoch
+        chief.close()
+        chief = PsClient(
+            addresses=two_ps.addresses,
+            placement=chief.placement,
+            job_id=JOB_ID,
+            task="chief-0",
+            chunk_bytes=64,
+        )
+        chief.epoch = epoch
     grads = {n: np.full(np.shape(v), 2, np.float32) for n, v in params.items()}
     into = {n: np.full(np.shape(v), np.nan, np.float32) for n, v in params.items()}
-    step, pulled, replies = chief.push_pull(grads, step=0, min_step=0, into=into)
+    step, pulled, replies = chief.update(grads, step=0, then_read=True, into=into)
     assert step == 1
     assert [r.accepted for r in replies] == [True, True]
     for name, value in params.items():
         assert pulled[name] is into[name]  # written in place
         assert np.array_equal(pulled[name], np.asarray(value) - 2), name
-    again = chief.push_pull(grads, step=0, min_step=0, push_id="twice")[0]
-    assert chief.push_pull(grads, step=0, min_step=0, push_id="twice")[0] == again == 2
-    step, streamed = chief.pull()
-    assert (step, chief.pull_packed()[0]) == (2, 2)
-    packed = chief.pull_packed()[1]
-    for name in params:
-        assert streamed[name].tobytes() == packed[name].tobytes(), name
-    assert np.array_equal(packed["['w']"], np.arange(6, dtype=np.float32) - 4)
+    again = chief.update(grads, step=0, push_id="twice", then_read=True)[0]
+    assert chief.update(grads, step=0, push_id="twice", then_read=True)[0] == again == 2
+    step, values = chief.read()
+    assert step == 2
+    assert np.array_equal(values["['w']"], np.arange(600, dtype=np.float32) - 4)
     chief.close()
 
 
-def test_packed_calls_carry_embedding_rows_like_the_sparse_streams(
+def test_one_read_and_one_update_carry_dense_values_and_embedding_rows(
     two_ps: launch.LocalPs,
 ) -> None:
     rows, dim = 50_000, 16
@@ -265,20 +273,19 @@ def test_packed_calls_carry_embedding_rows_like_the_sparse_streams(
     assert len(client.placement.shards_of("['embedding']")) == 2
     bias, emb = ["['bias']"], "['embedding']"
     ids = np.array([3, 49_999, 3, 25_001, 7, 3])  # both shards, with duplicates
-    step, got = client.pull_packed(variables=bias, rows={emb: ids})
+    step, got = client.read(variables=bias, rows={emb: ids})
     assert step == 0
     assert np.array_equal(got[emb], table[ids])
-    assert np.array_equal(got[emb], client.sparse_pull({emb: ids})[emb])
     assert np.array_equal(got["['bias']"], np.arange(4, dtype=np.float32))
     grad = {"['bias']": np.ones(4, np.float32)}
     sparse = {emb: (ids, np.ones((ids.size, dim), np.float32))}
     for _ in range(2):  # a retry with the same push_id applies the rows and the step once
-        step, values, replies = client.push_pull(
-            grad, step=0, min_step=0, variables=bias, rows=sparse, push_id="p1", push_only=True
+        step, values, replies = client.update(
+            grad, step=0, variables=bias, rows=sparse, push_id="p1"
         )
         assert (step, values) == (1, {})
         assert all(r.accepted for r in replies)
-    _, pulled = client.pull()
+    _, pulled = client.read()
     expected = table.copy()
     np.subtract.at(expected, ids, 1.0)  # duplicate ids are summed: row 3 moves by 3
     assert np.array_equal(pulled[emb], expected)
@@ -286,7 +293,7 @@ def test_packed_calls_carry_embedding_rows_like_the_sparse_streams(
     client.close()
 
 
-def test_a_push_pull_with_rows_out_of_range_changes_nothing(two_ps: launch.LocalPs) -> None:
+def test_an_update_with_rows_out_of_range_changes_nothing(two_ps: launch.LocalPs) -> None:
     table = np.zeros((1000, 4), np.float32)
     client, _ = _init(two_ps, {"e": table, "w": np.zeros(4, np.float32)}, min_shard_bytes=8)
     shard = client.placement.shards_of("['e']")[0]
@@ -305,36 +312,35 @@ def test_a_push_pull_with_rows_out_of_range_changes_nothing(two_ps: launch.Local
         tensor_pb2.Frame(header=header), data + np.ones((2, 4)).astype(np.float32).tobytes()
     )
     with rpc.channel(two_ps.addresses[shard.ps]) as channel, pytest.raises(grpc.RpcError) as caught:
-        rpc.PARAMETER_SERVER.callables(channel)["PushPull"](request, timeout=30)
+        rpc.PARAMETER_SERVER.callables(channel)["Update.packed"](request, timeout=30)
     assert caught.value.code() == grpc.StatusCode.OUT_OF_RANGE
-    assert "PushPull.tensors[" in (caught.value.details() or "")
-    step, pulled = client.pull()
+    assert "Update.tensors[" in (caught.value.details() or "")
+    step, pulled = client.read()
     assert step == 0
     assert not pulled["['e']"].any()
     assert not pulled["['w']"].any()
     client.close()
 
 
-def test_push_pull_in_sync_mode_replies_once_the_step_is_complete(
+def test_an_update_in_sync_mode_replies_once_the_step_is_complete(
     two_ps: launch.LocalPs,
 ) -> None:
     tree = {"w": np.zeros(4, np.float32)}
     chief = _mode_init(two_ps, tree, Mode(kind=parameter_server_pb2.SYNC), ["w-0", "w-1"])
     workers = [_worker(chief, f"w-{i}") for i in range(2)]
     got: dict[str, Any] = {}
+
+    def update(i: int, value: float) -> tuple[int, dict[str, np.ndarray], Any]:
+        grad = {"['w']": np.full(4, value, np.float32)}
+        return workers[i].update(grad, step=0, then_read=True, min_step=1)
+
     first = threading.Thread(
-        target=lambda: got.update(
-            zip(
-                ("step", "values", "replies"),
-                workers[0].push_pull({"['w']": np.ones(4, np.float32)}, step=0, min_step=1),
-                strict=True,
-            )
-        )
+        target=lambda: got.update(zip(("step", "values", "replies"), update(0, 1), strict=True))
     )
     first.start()
     first.join(timeout=1.0)
     assert first.is_alive()  # one gradient of two: the step is not complete yet
-    step, values, _ = workers[1].push_pull({"['w']": np.full(4, 3, np.float32)}, step=0, min_step=1)
+    step, values, _ = update(1, 3)
     first.join(timeout=60)
     assert step == got["step"] == 1
     for pulled in (values, got["values"]):
@@ -343,7 +349,7 @@ def test_push_pull_in_sync_mode_replies_once_the_step_is_complete(
         c.close()
 
 
-def test_malformed_push_pulls_are_refused_and_change_nothing(two_ps: launch.LocalPs) -> None:
+def test_malformed_packed_updates_are_refused_and_change_nothing(two_ps: launch.LocalPs) -> None:
     chief, _ = _init(two_ps, {"w": np.zeros(4, np.float32)})
     shard = chief.placement.shards_of("['w']")[0]
     spec = tensor_pb2.TensorSpec(name=shard.name, shape=[4], dtype="float32")
@@ -356,24 +362,26 @@ def test_malformed_push_pulls_are_refused_and_change_nothing(two_ps: launch.Loca
         "garbage": b"\xff\xff\xff",
     }
     with rpc.channel(two_ps.addresses[shard.ps]) as channel:
-        push_pull = rpc.PARAMETER_SERVER.callables(channel)["PushPull"]
+        update = rpc.PARAMETER_SERVER.callables(channel)["Update.packed"]
         for name, request in cases.items():
             with pytest.raises(grpc.RpcError) as caught:
-                push_pull(request, timeout=30)
+                update(request, timeout=30)
             assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
-            assert "PushPull" in (caught.value.details() or ""), name
-    _, pulled = chief.pull()
+            assert caught.value.details(), name
+    _, pulled = chief.read()
     assert not pulled["['w']"].any()
     chief.close()
 
 
 def _frames_stub_call(address: str, frames: list[bytes]) -> Any:
     with rpc.channel(address) as channel:
-        push = rpc.PARAMETER_SERVER.callables(channel)["Push"]
-        return push(iter(frames), timeout=30)
+        update = rpc.PARAMETER_SERVER.callables(channel)["Update"]
+        return list(update(iter(frames), timeout=30))
 
 
-def test_malformed_pushes_are_refused_with_invalid_argument(two_ps: launch.LocalPs) -> None:
+def test_malformed_streamed_updates_are_refused_with_invalid_argument(
+    two_ps: launch.LocalPs,
+) -> None:
     chief, _ = _init(two_ps, {"w": np.zeros(4, np.float32)})
     shard = chief.placement.shards_of("['w']")[0]
     address = two_ps.addresses[shard.ps]
@@ -381,7 +389,7 @@ def test_malformed_pushes_are_refused_with_invalid_argument(two_ps: launch.Local
     header = tensor_pb2.FrameHeader(id=chief.identity(shard.ps), tensors=[spec])
     ok = np.ones(4, np.float32).tobytes()
     cases = {
-        "no header": [codec.encode(tensor_pb2.Frame(tensor=0), ok)],
+        "no header": [codec.encode(tensor_pb2.Frame(offset=0), ok)],
         "unknown shard": [
             codec.encode(
                 tensor_pb2.Frame(
@@ -419,7 +427,7 @@ def test_malformed_pushes_are_refused_with_invalid_argument(two_ps: launch.Local
             grpc.StatusCode.NOT_FOUND,
         ), name
         assert caught.value.details(), name
-    _, pulled = chief.pull()
+    _, pulled = chief.read()
     assert not pulled["['w']"].any()  # nothing of the bad pushes was applied
     chief.close()
 
@@ -435,7 +443,7 @@ def test_uninitialised_ps_refuses_pushes_and_the_generated_stub_interoperates() 
             assert status.id.ps_incarnation
         client = _client(ps, {"w": np.zeros(4, np.float32)})
         with pytest.raises(PsClientError) as caught:
-            client.push({"['w']": np.zeros(4, np.float32)}, step=0)
+            client.update({"['w']": np.zeros(4, np.float32)}, step=0)
         assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
         assert "UNINITIALIZED" in caught.value.details
         client.shutdown(reason="test over")
@@ -470,10 +478,10 @@ def test_a_client_that_saw_another_incarnation_is_told_the_ps_restarted(
     stale = _worker(chief, "worker-1")
     stale.incarnations = [i + 1 for i in chief.incarnations]  # as if each ps had restarted
     with pytest.raises(PsRestartedError) as caught:
-        stale.push({"['w']": np.ones(4, np.float32)}, step=0)
+        stale.update({"['w']": np.ones(4, np.float32)}, step=0)
     assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert "restarted" in caught.value.details
-    _, pulled = chief.pull()
+    _, pulled = chief.read()
     assert not pulled["['w']"].any()
     stale.close()
     chief.close()
@@ -490,17 +498,17 @@ def test_sync_mode_averages_one_gradient_per_live_worker(two_ps: launch.LocalPs)
     tree = {"w": np.zeros(8, np.float32)}
     chief = _mode_init(two_ps, tree, Mode(kind=parameter_server_pb2.SYNC), ["w-0", "w-1"])
     a, b = _worker(chief, "w-0"), _worker(chief, "w-1")
-    first = a.push({"['w']": np.full(8, 2.0, np.float32)}, step=0)
+    first = a.update({"['w']": np.full(8, 2.0, np.float32)}, step=0)[2]
     assert [r.step for r in first] == [0, 0]  # waiting for w-1
     assert chief.status(0).awaiting == 1
-    again = a.push({"['w']": np.full(8, 100.0, np.float32)}, step=0)
+    again = a.update({"['w']": np.full(8, 100.0, np.float32)}, step=0)[2]
     assert all("duplicate" in r.reason for r in again)  # one gradient per worker and step
-    done = b.push({"['w']": np.full(8, 4.0, np.float32)}, step=0)
+    done = b.update({"['w']": np.full(8, 4.0, np.float32)}, step=0)[2]
     assert [r.step for r in done] == [1, 1]
-    step, pulled = chief.pull(min_step=1)
+    step, pulled = chief.read(min_step=1)
     assert step == 1
     assert np.all(pulled["['w']"] == -3.0)  # mean of 2 and 4, learning rate 1
-    stale = b.push({"['w']": np.ones(8, np.float32)}, step=0)
+    stale = b.update({"['w']": np.ones(8, np.float32)}, step=0)[2]
     assert not any(r.accepted for r in stale)
     assert all("stale" in r.reason for r in stale)
     for c in (a, b, chief):
@@ -511,9 +519,9 @@ def test_sync_mode_goes_on_when_the_chief_drops_a_dead_worker(two_ps: launch.Loc
     tree = {"w": np.zeros(8, np.float32)}
     chief = _mode_init(two_ps, tree, Mode(kind=parameter_server_pb2.SYNC), ["w-0", "w-1"])
     alive = _worker(chief, "w-0")
-    assert [r.step for r in alive.push({"['w']": np.ones(8, np.float32)}, step=0)] == [0, 0]
+    assert [r.step for r in alive.update({"['w']": np.ones(8, np.float32)}, step=0)[2]] == [0, 0]
     chief.set_workers(["w-0"])  # w-1 missed its heartbeats
-    step, pulled = alive.pull(min_step=1)
+    step, pulled = alive.read(min_step=1)
     assert step == 1
     assert np.all(pulled["['w']"] == -1.0)
     alive.close()
@@ -526,15 +534,15 @@ def test_bounded_staleness_holds_back_a_worker_too_far_ahead(two_ps: launch.Loca
     chief = _mode_init(two_ps, tree, mode, ["w-0", "w-1"])
     fast, slow = _worker(chief, "w-0"), _worker(chief, "w-1")
     grad = {"['w']": np.ones(8, np.float32)}
-    fast.push(grad, step=0)
-    fast.pull()  # 1 ahead of w-1: allowed
-    fast.push(grad, step=1)
+    fast.update(grad, step=0)
+    fast.read()  # 1 ahead of w-1: allowed
+    fast.update(grad, step=1)
     result: dict[str, int] = {}
-    waiter = threading.Thread(target=lambda: result.update(step=fast.pull()[0]))
+    waiter = threading.Thread(target=lambda: result.update(step=fast.read()[0]))
     waiter.start()
     waiter.join(timeout=1.0)
     assert waiter.is_alive()  # 2 ahead: held back
-    slow.push(grad, step=0)
+    slow.update(grad, step=0)
     waiter.join(timeout=60)
     assert result["step"] == 3
     for c in (fast, slow, chief):

@@ -21,17 +21,17 @@ def _header() -> tensor_pb2.FrameHeader:
 @pytest.mark.parametrize("size", [0, 1, 127, 128, 300, 1 << 20])
 def test_encode_matches_protobuf_byte_for_byte(size: int) -> None:
     data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
-    frame = tensor_pb2.Frame(header=_header(), tensor=3, offset=4096)
-    reference = tensor_pb2.Frame(header=_header(), tensor=3, offset=4096, data=data)
+    frame = tensor_pb2.Frame(header=_header(), offset=4096)
+    reference = tensor_pb2.Frame(header=_header(), offset=4096, data=data)
     assert codec.encode(frame, memoryview(data)) == reference.SerializeToString()
 
 
 def test_decode_returns_a_view_of_the_received_bytes() -> None:
     data = np.arange(1000, dtype=np.float32).tobytes()
-    raw = tensor_pb2.Frame(header=_header(), tensor=1, offset=8, data=data).SerializeToString()
+    raw = tensor_pb2.Frame(header=_header(), offset=8, data=data).SerializeToString()
     decoded = codec.decode(raw)
     assert decoded.frame.header == _header()
-    assert (decoded.frame.tensor, decoded.frame.offset) == (1, 8)
+    assert decoded.frame.offset == 8
     assert decoded.data.obj is raw  # no copy
     assert np.array_equal(np.frombuffer(decoded.data, np.float32), np.arange(1000))
 
@@ -39,11 +39,11 @@ def test_decode_returns_a_view_of_the_received_bytes() -> None:
 def test_decode_accepts_data_before_other_fields() -> None:
     # Protobuf allows any field order; a peer that writes data first still decodes.
     data = b"\x01\x02\x03\x04"
-    rest = tensor_pb2.Frame(tensor=2, offset=4).SerializeToString()
+    rest = tensor_pb2.Frame(offset=4).SerializeToString()
     raw = bytes([(15 << 3) | 2, 4]) + data + rest
     decoded = codec.decode(raw)
     assert bytes(decoded.data) == data
-    assert (decoded.frame.tensor, decoded.frame.offset) == (2, 4)
+    assert decoded.frame.offset == 4
 
 
 @pytest.mark.parametrize(

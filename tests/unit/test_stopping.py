@@ -76,7 +76,7 @@ def test_a_stopping_client_starts_no_push_and_no_shutdown() -> None:
     client = _client(stop)
     stop.request(signal.SIGTERM)
     with pytest.raises(stopping.Stopped):
-        client.push({"['w']": np.ones(4, np.float32)}, step=0)
+        client.update({"['w']": np.ones(4, np.float32)}, step=0)
     with pytest.raises(stopping.Stopped):
         client.shutdown(reason="training done")
     with pytest.raises(stopping.Stopped):

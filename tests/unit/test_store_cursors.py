@@ -13,7 +13,8 @@ import pytest
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps_runtime.checkpoint import merged_cursors
 from jaxps_runtime.config import OptimizerConfig
-from jaxps_runtime.shards import Mode, ParameterStore
+from jaxps_runtime.policy import Mode, Push
+from jaxps_runtime.shards import ParameterStore
 from jaxps_runtime.streams import Spec
 
 SPEC = Spec("w", (4,), np.dtype(np.float32))
@@ -47,14 +48,12 @@ def test_async_pushes_carry_the_cursor_into_status_and_snapshots(
     store = _store(Mode(kind=ps_pb2.ASYNC))
     stores.append(store)
     for cursor in (1, 2, 3):
-        assert store.admit(step=0) is None
+        assert store.policy.admit(0) is None
         store.apply_dense(store.held("w", where="t"), _grad(store), push_id=f"p{cursor}").result()
-        store.finish_push(
-            push_id=f"p{cursor}", computed_at=0, contributor="worker-1", cursor=cursor
-        )
+        store.policy.count(Push(f"p{cursor}", 0, "worker-1", cursor, {}))
     assert store.cursors() == {"worker-1": 3}
     # A retried push (same push_id) counts nothing and moves no cursor back.
-    store.finish_push(push_id="p2", computed_at=0, contributor="worker-1", cursor=2)
+    store.policy.count(Push("p2", 0, "worker-1", 2, {}))
     assert store.cursors() == {"worker-1": 3}
     snapshot = store.snapshot_at(3, is_active=lambda: True)
     assert snapshot.step == 3
@@ -67,16 +66,14 @@ def test_sync_cursors_land_with_the_step_their_gradients_make(
     store = _store(Mode(kind=ps_pb2.SYNC))
     stores.append(store)
     held = store.held("w", where="t")
-    store.contribute(step=0, contributor="worker-0", grads={"w": (held, _grad(store))}, cursor=5)
+    store.policy.count(Push("a", 0, "worker-0", 5, {"w": (held, _grad(store))}))
     # One of two gradients in: the step is not applied, so neither is the cursor.
     assert store.cursors() == {}
-    store.contribute(step=0, contributor="worker-1", grads={"w": (held, _grad(store))}, cursor=7)
+    store.policy.count(Push("b", 0, "worker-1", 7, {"w": (held, _grad(store))}))
     assert store.step == 1
     assert store.cursors() == {"worker-0": 5, "worker-1": 7}
     # A stale push used its batch all the same: the worker (and a restart of it) goes on.
-    refused = store.contribute(
-        step=0, contributor="worker-0", grads={"w": (held, _grad(store))}, cursor=6
-    )
+    refused = store.policy.count(Push("c", 0, "worker-0", 6, {"w": (held, _grad(store))}))
     assert not refused.accepted
     assert "stale" in refused.reason
     assert store.cursors() == {"worker-0": 6, "worker-1": 7}

@@ -1,4 +1,4 @@
-"""Tensor streams: chunking and reassembly, with errors that name the tensor."""
+"""Tensor streams: packed and streamed framing, reassembly, and errors that say what was wrong."""
 
 from __future__ import annotations
 
@@ -17,48 +17,86 @@ def _specs() -> list[streams.Spec]:
     ]
 
 
-def test_frames_reassemble_into_the_same_arrays() -> None:
-    arrays: list[np.ndarray] = [
+def _arrays() -> list[np.ndarray]:
+    return [
         np.arange(1000, dtype=np.float32),
         np.zeros(0, np.float32),
         np.arange(6, dtype=np.int64).reshape(3, 2),
     ]
+
+
+def _read(raws: list[bytes], **kwargs: object) -> tuple[streams.Assembler, list[range]]:
+    _, assembler, fill = streams.receive(iter(raws), where="test", **kwargs)  # type: ignore[arg-type]
+    return assembler, list(fill)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 512, 4000, 4048, 1 << 20])
+def test_frames_reassemble_into_the_same_arrays(chunk: int) -> None:
     header = tensor_pb2.FrameHeader(tensors=[s.to_proto() for s in _specs()])
-    raws = list(streams.frames(header, (streams.byte_view(a) for a in arrays), chunk_bytes=512))
-    assert len(raws) == 8 + 1 + 1  # 4000 bytes in 512-byte chunks, one empty, one small
-    got_header, first = streams.read_header(iter(raws))
-    assert got_header == header
-    assembler = streams.Assembler(_specs())
-    for decoded in [first, *streams.decode_all(iter(raws[1:]))]:
-        assembler.add(decoded)
+    views = [streams.byte_view(a) for a in _arrays()]
+    raws = list(streams.frames(header, views, chunk_bytes=chunk))
+    assert len(raws) == -(-4048 // chunk)  # windows span tensors; the last may be short
+    assert streams.read_header(iter(raws))[0] == header
+    assembler, completed = _read(raws)
+    assert [i for done in completed for i in done] == [0, 1, 2]  # each completed once, in order
     assert assembler.missing() == []
-    for i, expected in enumerate(arrays):
+    for i, expected in enumerate(_arrays()):
         assert np.array_equal(assembler.array(i), expected)
 
 
-def _chunk(tensor: int, offset: int, data: bytes) -> codec.Decoded:
-    return codec.decode(codec.encode(tensor_pb2.Frame(tensor=tensor, offset=offset), data))
+def test_a_packed_stream_is_one_frame_read_without_copies() -> None:
+    header = tensor_pb2.FrameHeader(tensors=[s.to_proto() for s in _specs()])
+    raw = streams.pack(header, [streams.byte_view(a) for a in _arrays()])
+    assembler, completed = _read([raw])
+    assert completed == [range(0, 3)]
+    assert assembler.array(0).base is not None  # a view of the received bytes
+    assert np.array_equal(assembler.array(2), _arrays()[2])
+
+
+def test_a_stream_fills_the_buffers_it_is_given() -> None:
+    header = tensor_pb2.FrameHeader(tensors=[s.to_proto() for s in _specs()])
+    raws = list(streams.frames(header, [streams.byte_view(a) for a in _arrays()], chunk_bytes=7))
+    target = np.zeros(1000, np.float32)
+    assembler, _ = _read(raws, into=[target, None, None])
+    assert assembler.array(0) is target
+    assert np.array_equal(target, _arrays()[0])
+
+
+def test_a_stream_of_other_tensors_than_expected_is_refused() -> None:
+    header = tensor_pb2.FrameHeader(tensors=[s.to_proto() for s in _specs()])
+    raw = streams.pack(header, [streams.byte_view(a) for a in _arrays()])
+    with pytest.raises(streams.StreamError, match=r"carries a float32\[1000\].*expected a"):
+        _read([raw], expect=_specs()[:1])
+
+
+def _frame(offset: int, data: bytes) -> codec.Decoded:
+    return codec.decode(codec.encode(tensor_pb2.Frame(offset=offset), data))
 
 
 @pytest.mark.parametrize(
-    ("chunks", "message"),
+    ("frames", "message"),
     [
-        ([(7, 0, b"x")], "tensor #7; the header declares 3 tensors"),
-        ([(0, 4, b"abcd")], "tensor 'a': chunk at byte 4, expected byte 0"),
-        ([(2, 0, b"\0" * 56)], "tensor 'c': chunk ends at byte 56, past its 48 bytes"),
-        ([(2, 0, b"\0" * 48), (2, 48, b"")], "tensor 'c': chunk after the tensor was complete"),
+        ([(4, b"abcd")], "frame at byte 4, expected byte 0"),
+        ([(0, b"abcd"), (0, b"abcd")], "frame at byte 0, expected byte 4"),
+        ([(0, b"\0" * 4049)], "frames carry 4049 bytes; the header's 3 tensors hold 4048"),
     ],
-    ids=["unknown-index", "out-of-order", "past-the-end", "after-complete"],
+    ids=["gap", "repeated", "past-the-end"],
 )
-def test_protocol_breaks_name_the_tensor(
-    chunks: list[tuple[int, int, bytes]], message: str
-) -> None:
+def test_protocol_breaks_say_what_was_wrong(frames: list[tuple[int, bytes]], message: str) -> None:
     assembler = streams.Assembler(_specs())
-    *fine, bad = [_chunk(tensor, offset, data) for tensor, offset, data in chunks]
+    *fine, bad = [_frame(offset, data) for offset, data in frames]
     for decoded in fine:
         assembler.add(decoded)
     with pytest.raises(streams.StreamError, match=message):
         assembler.add(bad)
+
+
+def test_a_short_stream_names_what_is_missing() -> None:
+    assembler = streams.Assembler(_specs())
+    assembler.add(_frame(0, b"\0" * 3000))
+    assert assembler.missing() == ["'a' (3000/4000 bytes)", "'b' (0/0 bytes)", "'c' (0/48 bytes)"]
+    with pytest.raises(streams.StreamError, match="'a' is not complete"):
+        assembler.array(0)
 
 
 def test_unknown_dtype_lists_the_allowed_ones() -> None:
@@ -67,7 +105,7 @@ def test_unknown_dtype_lists_the_allowed_ones() -> None:
 
 
 def test_a_stream_without_a_header_is_refused() -> None:
-    raw = codec.encode(tensor_pb2.Frame(tensor=0), b"abcd")
+    raw = codec.encode(tensor_pb2.Frame(offset=0), b"abcd")
     with pytest.raises(streams.StreamError, match="frame 0 has no header"):
         streams.read_header(iter([raw]))
 
@@ -75,3 +113,18 @@ def test_a_stream_without_a_header_is_refused() -> None:
 def test_an_empty_stream_is_refused() -> None:
     with pytest.raises(streams.StreamError, match="empty stream"):
         streams.read_header(iter([]))
+
+
+@pytest.mark.parametrize("shape", [(0,), (3,), (1000, 7), (2048, 2048)])
+def test_received_tensors_land_in_64_byte_aligned_arrays(shape: tuple[int, ...]) -> None:
+    # XLA's CPU client reads an aligned host array in place; numpy's own are 16-byte aligned.
+    array = streams.empty(shape, np.dtype(np.float32))
+    assert array.shape == shape
+    assert array.dtype == np.float32
+    assert array.flags.c_contiguous
+    assert streams.aligned(array)
+    header = tensor_pb2.FrameHeader(tensors=[s.to_proto() for s in _specs()])
+    raw = streams.pack(header, [streams.byte_view(a) for a in _arrays()])
+    assembler, _ = _read([raw], allocate=lambda s: streams.empty(s.shape, s.dtype))
+    assert all(streams.aligned(assembler.array(i)) for i in (0, 2))
+    assert np.array_equal(assembler.array(2), _arrays()[2])

@@ -114,29 +114,17 @@ class AssignReply(_message.Message):
     missing: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., state: _Optional[_Union[PsState, str]] = ..., missing: _Optional[_Iterable[str]] = ...) -> None: ...
 
-class PushReply(_message.Message):
-    __slots__ = ("id", "accepted", "step", "reason")
-    ID_FIELD_NUMBER: _ClassVar[int]
-    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
-    STEP_FIELD_NUMBER: _ClassVar[int]
-    REASON_FIELD_NUMBER: _ClassVar[int]
-    id: _tensor_pb2.Identity
-    accepted: bool
-    step: int
-    reason: str
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., accepted: _Optional[bool] = ..., step: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
-
-class PullRequest(_message.Message):
-    __slots__ = ("id", "names", "min_step", "selections")
+class ReadRequest(_message.Message):
+    __slots__ = ("id", "names", "selections", "min_step")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAMES_FIELD_NUMBER: _ClassVar[int]
-    MIN_STEP_FIELD_NUMBER: _ClassVar[int]
     SELECTIONS_FIELD_NUMBER: _ClassVar[int]
+    MIN_STEP_FIELD_NUMBER: _ClassVar[int]
     id: _tensor_pb2.Identity
     names: _containers.RepeatedScalarFieldContainer[str]
-    min_step: int
     selections: _containers.RepeatedCompositeFieldContainer[RowSelection]
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., names: _Optional[_Iterable[str]] = ..., min_step: _Optional[int] = ..., selections: _Optional[_Iterable[_Union[RowSelection, _Mapping]]] = ...) -> None: ...
+    min_step: int
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., names: _Optional[_Iterable[str]] = ..., selections: _Optional[_Iterable[_Union[RowSelection, _Mapping]]] = ..., min_step: _Optional[int] = ...) -> None: ...
 
 class RowSelection(_message.Message):
     __slots__ = ("name", "rows")
@@ -145,16 +133,6 @@ class RowSelection(_message.Message):
     name: str
     rows: bytes
     def __init__(self, name: _Optional[str] = ..., rows: _Optional[bytes] = ...) -> None: ...
-
-class SparsePullRequest(_message.Message):
-    __slots__ = ("id", "selections", "min_step")
-    ID_FIELD_NUMBER: _ClassVar[int]
-    SELECTIONS_FIELD_NUMBER: _ClassVar[int]
-    MIN_STEP_FIELD_NUMBER: _ClassVar[int]
-    id: _tensor_pb2.Identity
-    selections: _containers.RepeatedCompositeFieldContainer[RowSelection]
-    min_step: int
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., selections: _Optional[_Iterable[_Union[RowSelection, _Mapping]]] = ..., min_step: _Optional[int] = ...) -> None: ...
 
 class SaveRequest(_message.Message):
     __slots__ = ("id", "step", "directory")

@@ -51,35 +51,15 @@ class ParameterServerStub:
                 request_serializer=jaxps_dot_v1_dot_tensor__pb2.Frame.SerializeToString,
                 response_deserializer=jaxps_dot_v1_dot_parameter__server__pb2.AssignReply.FromString,
                 _registered_method=True)
-        self.Push = channel.stream_unary(
-                '/jaxps.v1.ParameterServer/Push',
-                request_serializer=jaxps_dot_v1_dot_tensor__pb2.Frame.SerializeToString,
-                response_deserializer=jaxps_dot_v1_dot_parameter__server__pb2.PushReply.FromString,
-                _registered_method=True)
-        self.Pull = channel.unary_stream(
-                '/jaxps.v1.ParameterServer/Pull',
-                request_serializer=jaxps_dot_v1_dot_parameter__server__pb2.PullRequest.SerializeToString,
+        self.Read = channel.unary_stream(
+                '/jaxps.v1.ParameterServer/Read',
+                request_serializer=jaxps_dot_v1_dot_parameter__server__pb2.ReadRequest.SerializeToString,
                 response_deserializer=jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
                 _registered_method=True)
-        self.PushPull = channel.unary_unary(
-                '/jaxps.v1.ParameterServer/PushPull',
+        self.Update = channel.stream_stream(
+                '/jaxps.v1.ParameterServer/Update',
                 request_serializer=jaxps_dot_v1_dot_tensor__pb2.Frame.SerializeToString,
                 response_deserializer=jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
-                _registered_method=True)
-        self.PullPacked = channel.unary_unary(
-                '/jaxps.v1.ParameterServer/PullPacked',
-                request_serializer=jaxps_dot_v1_dot_parameter__server__pb2.PullRequest.SerializeToString,
-                response_deserializer=jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
-                _registered_method=True)
-        self.SparsePull = channel.unary_stream(
-                '/jaxps.v1.ParameterServer/SparsePull',
-                request_serializer=jaxps_dot_v1_dot_parameter__server__pb2.SparsePullRequest.SerializeToString,
-                response_deserializer=jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
-                _registered_method=True)
-        self.SparsePush = channel.stream_unary(
-                '/jaxps.v1.ParameterServer/SparsePush',
-                request_serializer=jaxps_dot_v1_dot_tensor__pb2.Frame.SerializeToString,
-                response_deserializer=jaxps_dot_v1_dot_parameter__server__pb2.PushReply.FromString,
                 _registered_method=True)
         self.Save = channel.unary_unary(
                 '/jaxps.v1.ParameterServer/Save',
@@ -128,50 +108,21 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Push(self, request_iterator, context):
-        """Streams a gradient; each shard is updated by the optimizer as soon as its bytes are in.
+    def Read(self, request, context):
+        """Reads dense shards and rows of embedding shards at one step, optionally after waiting for a
+        minimum step (and, with bounded staleness, while the caller is too far ahead).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Pull(self, request, context):
-        """Streams current values back, optionally after waiting for a minimum step.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PushPull(self, request, context):
-        """One training step of a small model in one round trip: pushes a gradient (as Push; tensors
-        with TensorSpec.rows set are embedding rows, as SparsePush), then replies with the values
-        of the same dense shards (as Pull, after header.min_step), or with the header alone when
-        header.push_only is set. Request and reply are single Frames whose data holds every tensor
-        of the header back to back, in header order; a model whose dense shards on a ps exceed one
-        chunk uses Push and Pull instead.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PullPacked(self, request, context):
-        """Pull in one message, for shards that fit one frame per ps: the reply's data holds every
-        tensor of its header back to back (the packed form of PushPull's reply), the dense shards
-        first, then the requested rows.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def SparsePull(self, request, context):
-        """Streams the requested rows of embedding shards.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def SparsePush(self, request_iterator, context):
-        """Streams gradients for rows of embedding shards (TensorSpec.rows); duplicate rows are summed.
+    def Update(self, request_iterator, context):
+        """Applies one gradient: the header's tensors are dense shards (whole) and gradient rows of
+        embedding shards (TensorSpec.rows set; duplicate rows are summed), with a push_id that makes
+        a retry apply once and the worker's data cursor. Every ps gets every worker step's Update
+        (one holding none of its shards too) so that each counts it. The reply's header says
+        whether it was accepted (FrameHeader.accepted, reason, step) and, with header.then_read,
+        carries the values of the same dense shards once the ps reached header.min_step.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -223,35 +174,15 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     request_deserializer=jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
                     response_serializer=jaxps_dot_v1_dot_parameter__server__pb2.AssignReply.SerializeToString,
             ),
-            'Push': grpc.stream_unary_rpc_method_handler(
-                    servicer.Push,
-                    request_deserializer=jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
-                    response_serializer=jaxps_dot_v1_dot_parameter__server__pb2.PushReply.SerializeToString,
-            ),
-            'Pull': grpc.unary_stream_rpc_method_handler(
-                    servicer.Pull,
-                    request_deserializer=jaxps_dot_v1_dot_parameter__server__pb2.PullRequest.FromString,
+            'Read': grpc.unary_stream_rpc_method_handler(
+                    servicer.Read,
+                    request_deserializer=jaxps_dot_v1_dot_parameter__server__pb2.ReadRequest.FromString,
                     response_serializer=jaxps_dot_v1_dot_tensor__pb2.Frame.SerializeToString,
             ),
-            'PushPull': grpc.unary_unary_rpc_method_handler(
-                    servicer.PushPull,
+            'Update': grpc.stream_stream_rpc_method_handler(
+                    servicer.Update,
                     request_deserializer=jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
                     response_serializer=jaxps_dot_v1_dot_tensor__pb2.Frame.SerializeToString,
-            ),
-            'PullPacked': grpc.unary_unary_rpc_method_handler(
-                    servicer.PullPacked,
-                    request_deserializer=jaxps_dot_v1_dot_parameter__server__pb2.PullRequest.FromString,
-                    response_serializer=jaxps_dot_v1_dot_tensor__pb2.Frame.SerializeToString,
-            ),
-            'SparsePull': grpc.unary_stream_rpc_method_handler(
-                    servicer.SparsePull,
-                    request_deserializer=jaxps_dot_v1_dot_parameter__server__pb2.SparsePullRequest.FromString,
-                    response_serializer=jaxps_dot_v1_dot_tensor__pb2.Frame.SerializeToString,
-            ),
-            'SparsePush': grpc.stream_unary_rpc_method_handler(
-                    servicer.SparsePush,
-                    request_deserializer=jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
-                    response_serializer=jaxps_dot_v1_dot_parameter__server__pb2.PushReply.SerializeToString,
             ),
             'Save': grpc.unary_unary_rpc_method_handler(
                     servicer.Save,
@@ -367,34 +298,7 @@ class ParameterServer:
             _registered_method=True)
 
     @staticmethod
-    def Push(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_unary(
-            request_iterator,
-            target,
-            '/jaxps.v1.ParameterServer/Push',
-            jaxps_dot_v1_dot_tensor__pb2.Frame.SerializeToString,
-            jaxps_dot_v1_dot_parameter__server__pb2.PushReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Pull(request,
+    def Read(request,
             target,
             options=(),
             channel_credentials=None,
@@ -407,8 +311,8 @@ class ParameterServer:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/jaxps.v1.ParameterServer/Pull',
-            jaxps_dot_v1_dot_parameter__server__pb2.PullRequest.SerializeToString,
+            '/jaxps.v1.ParameterServer/Read',
+            jaxps_dot_v1_dot_parameter__server__pb2.ReadRequest.SerializeToString,
             jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
             options,
             channel_credentials,
@@ -421,7 +325,7 @@ class ParameterServer:
             _registered_method=True)
 
     @staticmethod
-    def PushPull(request,
+    def Update(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -431,93 +335,12 @@ class ParameterServer:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/jaxps.v1.ParameterServer/PushPull',
-            jaxps_dot_v1_dot_tensor__pb2.Frame.SerializeToString,
-            jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PullPacked(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/jaxps.v1.ParameterServer/PullPacked',
-            jaxps_dot_v1_dot_parameter__server__pb2.PullRequest.SerializeToString,
-            jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def SparsePull(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/jaxps.v1.ParameterServer/SparsePull',
-            jaxps_dot_v1_dot_parameter__server__pb2.SparsePullRequest.SerializeToString,
-            jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def SparsePush(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_unary(
+        return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/jaxps.v1.ParameterServer/SparsePush',
+            '/jaxps.v1.ParameterServer/Update',
             jaxps_dot_v1_dot_tensor__pb2.Frame.SerializeToString,
-            jaxps_dot_v1_dot_parameter__server__pb2.PushReply.FromString,
+            jaxps_dot_v1_dot_tensor__pb2.Frame.FromString,
             options,
             channel_credentials,
             insecure,

@@ -31,7 +31,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., rows: _Optional[bytes] = ...) -> None: ...
 
 class FrameHeader(_message.Message):
-    __slots__ = ("id", "step", "tensors", "push_id", "min_step", "accepted", "reason", "push_only", "cursor")
+    __slots__ = ("id", "step", "tensors", "push_id", "min_step", "accepted", "reason", "cursor", "then_read")
     ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -39,8 +39,8 @@ class FrameHeader(_message.Message):
     MIN_STEP_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
-    PUSH_ONLY_FIELD_NUMBER: _ClassVar[int]
     CURSOR_FIELD_NUMBER: _ClassVar[int]
+    THEN_READ_FIELD_NUMBER: _ClassVar[int]
     id: Identity
     step: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
@@ -48,18 +48,16 @@ class FrameHeader(_message.Message):
     min_step: int
     accepted: bool
     reason: str
-    push_only: bool
     cursor: int
-    def __init__(self, id: _Optional[_Union[Identity, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., push_id: _Optional[str] = ..., min_step: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., push_only: _Optional[bool] = ..., cursor: _Optional[int] = ...) -> None: ...
+    then_read: bool
+    def __init__(self, id: _Optional[_Union[Identity, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., push_id: _Optional[str] = ..., min_step: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., cursor: _Optional[int] = ..., then_read: _Optional[bool] = ...) -> None: ...
 
 class Frame(_message.Message):
-    __slots__ = ("header", "tensor", "offset", "data")
+    __slots__ = ("header", "offset", "data")
     HEADER_FIELD_NUMBER: _ClassVar[int]
-    TENSOR_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     header: FrameHeader
-    tensor: int
     offset: int
     data: bytes
-    def __init__(self, header: _Optional[_Union[FrameHeader, _Mapping]] = ..., tensor: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[FrameHeader, _Mapping]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...

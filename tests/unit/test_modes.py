@@ -1,0 +1,145 @@
+"""The training modes' policies, driven directly on a store (no gRPC): what each admits,
+refuses, counts and holds back."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from jaxps.v1 import parameter_server_pb2 as ps_pb2
+from jaxps_runtime.config import OptimizerConfig
+from jaxps_runtime.policy import Mode, Push
+from jaxps_runtime.shards import Held, ParameterStore
+from jaxps_runtime.streams import Spec
+
+SPEC = Spec("w", (4,), np.dtype(np.float32))
+SGD = OptimizerConfig("sgd", {"learning_rate": 1.0})
+WORKERS = ("worker-0", "worker-1")
+
+
+@pytest.fixture
+def store() -> Iterator[ParameterStore]:
+    made = ParameterStore(job_id="j", task="ps-0")
+    yield made
+    made.close()
+
+
+def _init(store: ParameterStore, mode: Mode, workers: tuple[str, ...] = WORKERS) -> None:
+    store.init(epoch=1, specs=[SPEC], optimizer=SGD, step=0, mode=mode, workers=workers)
+    store.assign("w", np.zeros(4, np.float32)).result()
+
+
+def _value(store: ParameterStore) -> np.ndarray:
+    return np.asarray(store.snapshot(["w"])[1][0][1])
+
+
+def _dense(store: ParameterStore, value: float) -> dict[str, tuple[Held, np.ndarray]]:
+    held = store.held("w", where="test")
+    grad = held.staging()
+    grad[:] = value
+    return {"w": (held, grad)}
+
+
+def _async_push(store: ParameterStore, worker: str, push_id: str, step: int = 0) -> bool:
+    """An async push as the servicer makes it: admit, apply on arrival, count."""
+    if store.policy.admit(step) is not None:
+        return False
+    held = store.held("w", where="test")
+    store.apply_dense(held, np.ones(4, np.float32), push_id=push_id).result()
+    return store.policy.count(Push(push_id, step, worker, 0, {})).accepted
+
+
+def test_async_applies_every_push_and_stops_at_the_last_step(store: ParameterStore) -> None:
+    _init(store, Mode(kind=ps_pb2.ASYNC, last_step=3))
+    assert store.policy.applies_on_arrival
+    for i in range(3):
+        assert _async_push(store, "worker-0", f"p{i}")
+    assert store.step == 3
+    refused = store.policy.admit(0)
+    assert refused is not None
+    assert "training is over: step 3" in refused.reason
+    assert np.array_equal(_value(store), np.full(4, -3, np.float32))
+
+
+def test_async_admission_reserves_the_steps_left_for_pushes_in_flight(
+    store: ParameterStore,
+) -> None:
+    _init(store, Mode(kind=ps_pb2.ASYNC, last_step=2))
+    assert store.policy.admit(0) is None
+    assert store.policy.admit(0) is None
+    assert store.policy.admit(0) is not None  # two in flight take the two steps left
+    store.policy.release()  # one failed: its step is free again
+    assert store.policy.admit(0) is None
+
+
+def test_bounded_staleness_holds_a_read_back_until_the_slowest_catches_up(
+    store: ParameterStore,
+) -> None:
+    _init(store, Mode(kind=ps_pb2.BOUNDED_STALENESS, max_staleness=1))
+    for i in range(2):
+        _async_push(store, "worker-0", f"fast-{i}")
+    released = threading.Event()
+
+    def read() -> None:
+        store.policy.before_read("worker-0", is_active=lambda: True)
+        released.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert not released.wait(0.5)  # two ahead of worker-1, one allowed
+    _async_push(store, "worker-1", "slow-0")
+    assert released.wait(30)
+    reader.join()
+    store.policy.before_read("worker-1", is_active=lambda: True)  # the slowest never waits
+
+
+def test_bounded_staleness_stops_holding_back_a_worker_the_chief_dropped(
+    store: ParameterStore,
+) -> None:
+    _init(store, Mode(kind=ps_pb2.BOUNDED_STALENESS, max_staleness=0))
+    _async_push(store, "worker-0", "p0")
+    store.policy.set_workers(["worker-0"])  # worker-1 died
+    store.policy.before_read("worker-0", is_active=lambda: True)
+
+
+def test_sync_averages_one_gradient_per_worker_then_opens_the_next_step(
+    store: ParameterStore,
+) -> None:
+    _init(store, Mode(kind=ps_pb2.SYNC))
+    policy = store.policy
+    assert not policy.applies_on_arrival
+    assert policy.count(Push("a", 0, "worker-0", 1, _dense(store, 2))).step == 0
+    assert policy.awaiting() == 1
+    duplicate = policy.count(Push("a2", 0, "worker-0", 1, _dense(store, 100)))
+    assert "duplicate" in duplicate.reason
+    assert policy.count(Push("b", 0, "worker-1", 1, _dense(store, 4))).step == 1
+    assert np.array_equal(_value(store), np.full(4, -3, np.float32))  # mean of 2 and 4
+    stale = policy.admit(0)
+    assert stale is not None
+    assert "stale" in stale.reason
+    assert policy.admit(1) is None
+
+
+def test_sync_applies_the_step_when_the_chief_drops_the_missing_worker(
+    store: ParameterStore,
+) -> None:
+    _init(store, Mode(kind=ps_pb2.SYNC))
+    store.policy.count(Push("a", 0, "worker-0", 1, _dense(store, 2)))
+    assert store.step == 0
+    store.policy.set_workers(["worker-0"])
+    assert store.step == 1
+    assert np.array_equal(_value(store), np.full(4, -2, np.float32))
+
+
+def test_sync_with_replicas_to_aggregate_counts_the_first_gradients_only(
+    store: ParameterStore,
+) -> None:
+    _init(store, Mode(kind=ps_pb2.SYNC, replicas_to_aggregate=1))
+    assert store.policy.count(Push("a", 0, "worker-1", 1, _dense(store, 2))).step == 1
+    late = store.policy.count(Push("b", 0, "worker-0", 1, _dense(store, 8)))
+    assert not late.accepted  # a backup worker's gradient
+    assert "stale" in late.reason
+    assert np.array_equal(_value(store), np.full(4, -2, np.float32))
