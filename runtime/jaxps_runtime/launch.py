@@ -56,6 +56,7 @@ def wait_serving(
                 pass
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{address}: not SERVING after {timeout:.0f} s")
+            time.sleep(0.02)  # NOT_SERVING while it loads: ask again soon, not in a spin
 
 
 @dataclass

@@ -51,16 +51,13 @@ def run(
 ) -> int:
     task = spec.task
     if task.type == cluster.PS:
-        chief = spec.cluster.chief_task()
-        return server.serve_ps(
-            address=spec.cluster.address(task),
+        return server.run(
+            spec=spec,
             job_id=job_id,
-            task=task.name,
             bind=bind,
             metrics_port=metrics_port,
             stop=stop,
             credentials=credentials,
-            chief=(chief.type, chief.index),
         )
     from jaxps_runtime.task import Task  # noqa: PLC0415
 

@@ -1,0 +1,169 @@
+"""A ps's start, which a ps restart puts on every task's critical path: it listens before it
+loads JAX, holds the calls that arrive meanwhile, and keeps what it compiles where its
+replacement finds it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from jaxps_runtime import __main__ as main
+from jaxps_runtime import server
+
+RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
+
+
+class AbortError(Exception):
+    pass
+
+
+class Context:
+    """The part of a grpc.ServicerContext the stand-in uses."""
+
+    def __init__(self, *, remaining: float = 10.0) -> None:
+        self.deadline = time.monotonic() + remaining
+        self.aborted: tuple[grpc.StatusCode, str] | None = None
+
+    def time_remaining(self) -> float:
+        return max(self.deadline - time.monotonic(), 0.0)
+
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.aborted = (code, details)
+        raise AbortError(details)
+
+
+class Servicer:
+    def Status(self, request: Any, context: Any) -> str:  # noqa: N802 (the RPC's name)
+        return f"status of {request}"
+
+
+def test_a_ps_listens_before_it_imports_jax_or_anything_else_it_can_load_later() -> None:
+    later = ("jax", "optax", "jaxps_runtime.shards", "prometheus_client", "yaml")
+    script = (
+        "import sys\n"
+        "from jaxps_runtime import __main__, server\n"
+        f"print(sorted(m for m in {later!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(RUNTIME)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_call_before_the_store_is_loaded_waits_for_it_then_runs_on_it() -> None:
+    loading = server.Loading("ps-0", methods=["Status"])
+    threading.Timer(0.05, loading.serve, args=(Servicer(),)).start()
+    assert loading.Status("ps-0", Context()) == "status of ps-0"
+
+
+def test_once_loaded_calls_go_straight_to_the_servicer() -> None:
+    loading = server.Loading("ps-0", methods=["Status"])
+    loading.serve(Servicer())
+    loading.stop()  # the calls in flight while it stops still run, as before
+    assert loading.Status("ps-0", Context(remaining=0.0)) == "status of ps-0"
+
+
+def test_a_call_that_cannot_wait_any_longer_ends_unavailable_which_callers_retry() -> None:
+    loading = server.Loading("ps-0", methods=["Status"])
+    context = Context(remaining=0.05)
+    with pytest.raises(AbortError):
+        loading.Status("ps-0", context)
+    assert context.aborted == (grpc.StatusCode.UNAVAILABLE, "ps-0 is starting")
+
+
+def test_a_ps_stopped_while_loading_ends_the_calls_that_wait() -> None:
+    loading = server.Loading("ps-0", methods=["Status"])
+    threading.Timer(0.05, loading.stop).start()
+    context = Context(remaining=30.0)
+    started = time.monotonic()
+    with pytest.raises(AbortError):
+        loading.Status("ps-0", context)
+    assert context.aborted == (grpc.StatusCode.UNAVAILABLE, "ps-0 is stopping")
+    assert time.monotonic() - started < 5
+
+
+def test_a_call_without_a_deadline_waits_a_bounded_time() -> None:
+    """grpc says such a call has ~forever left; no wait can take that."""
+    loading = server.Loading("ps-0", methods=["Status"])
+    threading.Timer(0.05, loading.serve, args=(Servicer(),)).start()
+    assert loading.Status("ps-0", Context(remaining=1e12)) == "status of ps-0"
+
+
+def test_the_stand_in_has_only_the_methods_it_stands_in_for() -> None:
+    loading = server.Loading("ps-0", methods=["Status"])
+    assert callable(loading.Status)
+    assert not hasattr(loading, "Shutdown")
+
+
+def _training(**checkpoint: object) -> str:
+    return json.dumps({"model": {"name": "mlp"}, "checkpoint": checkpoint})
+
+
+def test_a_ps_keeps_its_compiled_programs_in_the_checkpoint_directory() -> None:
+    environ: dict[str, str] = {}
+    main._ps_compilation_cache(environ, training_file=None, training_env=_training(dir="/ckpt"))
+    cache = Path(environ["JAX_COMPILATION_CACHE_DIR"])
+    assert cache.parent == Path("/ckpt") / main.COMPILATION_CACHE
+    assert cache.name == main._cpu_kind()  # one directory per instruction set
+    assert environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
+
+
+@pytest.mark.parametrize(
+    "training",
+    [
+        pytest.param("checkpoint: {dir: /ckpt}\nmodel: {name: mlp}\n", id="yaml"),
+        pytest.param(_training(dir="/ckpt", everySteps="often"), id="json-invalid-elsewhere"),
+    ],
+)
+def test_the_checkpoint_directory_is_found_in_yaml_too_and_nothing_else_is_checked(
+    training: str,
+) -> None:
+    environ: dict[str, str] = {}
+    main._ps_compilation_cache(environ, training_file=None, training_env=training)
+    assert Path(environ["JAX_COMPILATION_CACHE_DIR"]).parent == Path("/ckpt/compilation-cache")
+
+
+def test_a_training_file_gives_the_checkpoint_directory(tmp_path: Path) -> None:
+    file = tmp_path / "training.yaml"
+    file.write_text("checkpoint:\n  dir: /from-file\n")
+    environ: dict[str, str] = {}
+    main._ps_compilation_cache(environ, training_file=file, training_env=_training(dir="/env"))
+    assert Path(environ["JAX_COMPILATION_CACHE_DIR"]).parent.parent == Path("/from-file")
+
+
+def test_a_compilation_cache_the_user_chose_is_left_alone() -> None:
+    environ = {"JAX_COMPILATION_CACHE_DIR": "/mine"}
+    main._ps_compilation_cache(environ, training_file=None, training_env=_training(dir="/ckpt"))
+    assert environ == {"JAX_COMPILATION_CACHE_DIR": "/mine"}
+
+
+@pytest.mark.parametrize(
+    "training",
+    [
+        pytest.param(None, id="no-training-configuration"),
+        pytest.param(_training(), id="no-checkpoint-directory"),
+        pytest.param("{steps: [", id="unreadable-configuration"),
+        pytest.param(json.dumps({"checkpoint": {"dir": 3}}), id="not-a-directory"),
+    ],
+)
+def test_without_a_checkpoint_directory_a_ps_keeps_no_compilation_cache(
+    training: str | None,
+) -> None:
+    environ: dict[str, str] = {}
+    main._ps_compilation_cache(environ, training_file=None, training_env=training)
+    assert environ == {}
