@@ -12,8 +12,11 @@ and feeds its batches with `feed_dict`. Worker 0 is the chief; it evaluates the 
 The data file holds the very batches jaxps reads (`x`/`ids`, `y`, `test_*`, and `order`: per
 worker, per local step, the rows of its batch), so both systems train on the same examples.
 A worker writes its span to `--out` as jaxps's workers report theirs: the wall time and global
-step at the end of its first (warm-up) step and of its last step; the chief adds its test
-accuracy.
+step at the end of its first (warm-up) step and of its last step, and the bytes of the model's
+variables on each ps; the chief adds its test accuracy.
+
+Variables are split over the ps tasks by jaxps's rule (`partitioner`: above 256 KiB, into up to
+one part per ps), so both systems hold and move the same bytes per ps.
 """
 
 from __future__ import annotations
@@ -33,8 +36,27 @@ import tensorflow as tf
 v1 = tf.compat.v1
 
 
-def glorot(name: str, shape: list[int]) -> Any:
-    return v1.get_variable(name, shape, initializer=v1.glorot_uniform_initializer())
+def partitioner(case: dict[str, Any], shape: list[int]) -> Any:
+    """jaxps's placement rule (jaxps_runtime.placement): a variable of more than
+    `min_shard_bytes` is split along axis 0 into min(ps, rows, bytes // min_shard_bytes) parts,
+    like `np.array_split`; a smaller one is a plain variable. TensorFlow's
+    `min_max_variable_partitioner` rounds that quotient up instead of down; the sizes here split
+    the same either way. `replica_device_setter` places the parts round-robin, so the parts of
+    a variable, created one after the other, land on different ps as in jaxps."""
+    nbytes = int(np.prod(shape)) * 4  # float32
+    if nbytes <= case["min_shard_bytes"]:
+        return None
+    parts = min(case["ps"], shape[0], nbytes // case["min_shard_bytes"])
+    return v1.fixed_size_partitioner(parts) if parts > 1 else None
+
+
+def glorot(case: dict[str, Any], name: str, shape: list[int]) -> Any:
+    return v1.get_variable(
+        name,
+        shape,
+        initializer=v1.glorot_uniform_initializer(),
+        partitioner=partitioner(case, shape),
+    )
 
 
 def zeros(name: str, shape: list[int]) -> Any:
@@ -48,7 +70,7 @@ def mlp(case: dict[str, Any], inputs: dict[str, Any]) -> tuple[Any, Any]:
     names = [f"hidden_{i}" for i in range(len(case["hidden"]))] + ["output"]
     for i, name in enumerate(names):
         with v1.variable_scope(name):
-            x = x @ glorot("kernel", widths[i : i + 2]) + zeros("bias", [widths[i + 1]])
+            x = x @ glorot(case, "kernel", widths[i : i + 2]) + zeros("bias", [widths[i + 1]])
         if name != "output":
             x = tf.nn.relu(x)
     labels = inputs["y"]
@@ -61,17 +83,17 @@ def mlp(case: dict[str, Any], inputs: dict[str, Any]) -> tuple[Any, Any]:
 
 def embedding(case: dict[str, Any], inputs: dict[str, Any]) -> tuple[Any, Any]:
     """jaxps's `embedding`: the mean embedding of an example's ids into one logit. The table is
-    partitioned over the ps tasks by rows (`fixed_size_partitioner`) and read by
+    partitioned over the ps tasks by rows as jaxps splits it (`partitioner`) and read by
     `embedding_lookup`, so a step moves only the rows it uses (IndexedSlices gradients)."""
     table = v1.get_variable(
         "embedding",
         [case["rows"], case["dim"]],
         initializer=v1.random_normal_initializer(stddev=0.01),
-        partitioner=v1.fixed_size_partitioner(case["ps"]),
+        partitioner=partitioner(case, [case["rows"], case["dim"]]),
     )
     pooled = tf.reduce_mean(tf.nn.embedding_lookup(table, inputs["ids"]), axis=1)
     with v1.variable_scope("dense"):
-        logits = (pooled @ glorot("kernel", [case["dim"], 1]) + zeros("bias", [1]))[:, 0]
+        logits = (pooled @ glorot(case, "kernel", [case["dim"], 1]) + zeros("bias", [1]))[:, 0]
     labels = inputs["y"]
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
     accuracy = tf.reduce_mean(tf.cast(tf.equal(logits > 0, labels > 0.5), tf.float32))
@@ -152,6 +174,10 @@ def main() -> None:
             )
             hooks.append(optimizer.make_session_run_hook(is_chief))
         train_op = optimizer.minimize(loss, global_step=global_step)
+    ps_bytes = [0] * len(spec["ps"])  # the model's variables on each ps, as jaxps places its own
+    for variable in v1.trainable_variables():
+        task = v1.DeviceSpec.from_string(variable.device).task
+        ps_bytes[task] += variable.shape.num_elements() * variable.dtype.base_dtype.size
 
     evaluate = Evaluate(
         accuracy, {inputs[feature]: data[f"test_{feature}"], inputs["y"]: data["test_y"]}
@@ -169,6 +195,9 @@ def main() -> None:
         save_summaries_steps=None,
         save_summaries_secs=None,
         log_step_count_steps=None,
+        # In sync mode the chief's token queue runner is left blocked once the other worker has
+        # gone; closing would wait the default 120 s for it before giving up (job_seconds only).
+        stop_grace_period_secs=5,
     ) as session:
         barrier(args.out.parent, args.index, workers)
         while not session.should_stop():
@@ -180,7 +209,7 @@ def main() -> None:
             if local == 1:  # the first step builds and places everything: leave it out
                 span = [now, float(step), now, float(step)]
             span[2:] = [now, float(step)]
-    result = {"steps": local, "span": span, "accuracy": evaluate.value}
+    result = {"steps": local, "span": span, "accuracy": evaluate.value, "ps_bytes": ps_bytes}
     args.out.write_text(json.dumps(result))
 
 
