@@ -251,6 +251,7 @@ class Chief:
             client, self.task, mode=ps_mode(training), workers=self.task.worker_names, adopt=True
         )
         self._adopt(ready)
+        self.membership.watching_from(time.monotonic())
         self.started_from = {"how": ready.how, "step": ready.step}
         log.info(
             "%s at step %d (epoch %d); %s mode, %d steps, checkpoints %s",

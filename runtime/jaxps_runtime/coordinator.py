@@ -72,6 +72,13 @@ class Membership:
                 member.metrics = dict(request.metrics)
                 member.examples_per_second = request.examples_per_second
 
+    def watching_from(self, now: float) -> None:
+        """The chief starts watching: a worker not heard from yet, or heard from only before
+        the ps were ready (however long that took), counts as seen now."""
+        with self._lock:
+            for member in self._members.values():
+                member.last_seen = max(member.last_seen, now)
+
     def live_workers(self, *, now: float, timeout: float) -> list[str]:
         """Workers heard from within `timeout` or done; in cluster order."""
         with self._lock:

@@ -170,6 +170,15 @@ class Worker:
         beat: threading.Thread | None = None
         try:
             coordinator.register(timeout=training.startupTimeoutSeconds)
+            # Heartbeats from registration on: a worker waiting for the ps is alive, however
+            # long the chief takes to initialise them.
+            beat = threading.Thread(
+                target=self._heartbeats,
+                args=(coordinator,),
+                kwargs={"every": training.heartbeatSeconds},
+                daemon=True,
+            )
+            beat.start()
             self.step = self.client.wait_ready(timeout=training.startupTimeoutSeconds)
             self.cursor = self.client.cursors.get(self.task.name, 0)
             log.info(
@@ -183,13 +192,6 @@ class Worker:
                 self.num_workers,
                 self.cursor,
             )
-            beat = threading.Thread(
-                target=self._heartbeats,
-                args=(coordinator,),
-                kwargs={"every": training.heartbeatSeconds},
-                daemon=True,
-            )
-            beat.start()
             self._loop()
         finally:
             self.finished.set()
