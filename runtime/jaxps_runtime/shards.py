@@ -428,8 +428,8 @@ class ParameterStore:
                 if self._epoch != epoch:
                     raise PsError(
                         grpc.StatusCode.FAILED_PRECONDITION,
-                        f"Pull: cluster epoch changed to {self._epoch} (rolled back to step "
-                        f"{self._step}) while waiting for step {min_step}; pull again",
+                        f"Read: cluster epoch changed to {self._epoch} (rolled back to step "
+                        f"{self._step}) while waiting for step {min_step}; read again",
                     )
                 if self._state == ps_pb2.SHUTTING_DOWN:
                     raise PsError(grpc.StatusCode.UNAVAILABLE, f"{self.task} is shutting down")
@@ -455,9 +455,9 @@ class ParameterStore:
         return self._tensors.get(name)
 
     def _valued(self, name: str) -> Held:
-        held = self.held(name, where="Pull")
+        held = self.held(name, where="Read")
         if held.value is None:
-            raise PsError(grpc.StatusCode.FAILED_PRECONDITION, f"Pull: {name!r} has no value yet")
+            raise PsError(grpc.StatusCode.FAILED_PRECONDITION, f"Read: {name!r} has no value yet")
         return held
 
     def specs(self) -> list[Spec]:
