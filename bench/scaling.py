@@ -3,7 +3,7 @@ same model trained by one JAX process (the ceiling: no distribution at all).
 
 Prints one JSON object per measurement (DEVELOPERS.md format); `ratio` is the job's examples
 per second over the single process's (above 1: the job is faster). Models: `mlp` on digits
-(latency-bound: 50k parameters) and `dense` (hidden [2048, 2048], 4.3M parameters, 17 MB each
+(latency-bound: 4,810 parameters) and `dense` (hidden [2048, 2048], 4.3M parameters, 17 MB each
 way per step: bandwidth-bound). Async mode, so every worker's batch is one step.
 
     python bench/scaling.py [--steps 400] [--dense-steps 60] [--models mlp,dense]
