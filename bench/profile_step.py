@@ -19,10 +19,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
+
+from recovery import global_step
 
 from jaxps_runtime import launch
 
@@ -35,18 +36,6 @@ TRAINING = {
     "optimizer": {"name": "adagrad", "kwargs": {"learning_rate": 0.01}},
     "logEverySeconds": 30,
 }
-
-
-def global_step(job: launch.LocalJob) -> int:
-    try:
-        port = job.metrics_ports["worker-0"]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as reply:
-            for line in reply.read().decode().splitlines():
-                if line.startswith("jaxps_global_step{"):
-                    return int(float(line.rsplit(" ", 1)[1]))
-    except OSError:
-        pass
-    return 0
 
 
 def summarize(raw: Path, top: int) -> str:
@@ -90,11 +79,11 @@ def main() -> None:
         job = launch.LocalJob.start(training=TRAINING, log_dir=Path(tmp) / "logs", ps=1, workers=1)
         try:
             deadline = time.monotonic() + 300
-            while global_step(job) < 50:
+            while (global_step(job, "worker-0") or 0) < 50:
                 if time.monotonic() > deadline:
                     raise TimeoutError(job.logs())
                 time.sleep(0.2)
-            first = global_step(job)
+            first = global_step(job, "worker-0") or 0
             started = time.monotonic()
             records = {
                 name: subprocess.Popen(
@@ -121,7 +110,7 @@ def main() -> None:
             }
             for proc in records.values():
                 proc.wait(timeout=args.seconds + 120)
-            steps = global_step(job) - first
+            steps = (global_step(job, "worker-0") or 0) - first
             elapsed = time.monotonic() - started
             print(f"{steps} steps in {elapsed:.1f} s: {steps / elapsed:.1f} steps/s while sampled")
             for name in records:
