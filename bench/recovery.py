@@ -9,7 +9,11 @@ step, which is what recovery costs when every task restarts from the checkpoint 
 way). `ratio` = baseline / jaxps (above 1: jaxps recovers faster). Target (issue 17): a median
 under 1 s in every mode.
 
-    python bench/recovery.py [--kills 3] [--mode sync|async|boundedStaleness]
+ps-0 is started again as `jaxps local` and the tests' `LocalJob` do: by default it becomes the
+job's standby, a ps process started ahead that has loaded JAX (`launch.Standby`); with `--cold`
+it is a new process that imports everything first, as a replaced pod does (case `...-cold`).
+
+    python bench/recovery.py [--kills 3] [--mode sync|async|boundedStaleness] [--cold]
 """
 
 from __future__ import annotations
@@ -68,8 +72,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--mode", choices=config.MODES, default="sync")
+    parser.add_argument("--cold", action="store_true", help="no standby: a new process")
     args = parser.parse_args()
-    case = f"mlp-2ps-2w-{args.mode}-kill-ps0"
+    case = f"mlp-2ps-2w-{args.mode}-kill-ps0{'-cold' if args.cold else ''}"
     with tempfile.TemporaryDirectory(prefix="jaxps-recovery-") as tmp:
         training = {
             **TRAINING,
@@ -77,7 +82,9 @@ def main() -> None:
             "checkpoint": {**TRAINING["checkpoint"], "dir": f"{tmp}/ckpt"},
         }
         started = time.monotonic()
-        job = launch.LocalJob.start(training=training, log_dir=Path(tmp) / "logs")
+        job = launch.LocalJob.start(
+            training=training, log_dir=Path(tmp) / "logs", standby=not args.cold
+        )
         try:
             cold = wait_step(job, 1) - started
             seconds, lost = [], []

@@ -41,6 +41,7 @@ from jaxps_operator.conditions import TERMINAL, Event
 from jaxps_operator.objects import PodState
 from jaxps_operator.reconcile import Children
 from jaxps_runtime import cluster, credentials
+from jaxps_runtime.standby import Standby, runs_the_runtime
 
 GRACE_SECONDS = 10.0
 JOB_FILE = "job.json"  # the stored job (metadata, spec, status), rewritten on every change
@@ -145,6 +146,7 @@ class LocalCluster:
     events: list[Event] = field(default_factory=list)
     service: dict[str, Any] | None = None
     deleted: bool = False
+    standby: Standby | None = None  # a ps loaded ahead, which a replaced ps becomes
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -283,19 +285,25 @@ class LocalCluster:
                 [runtime_root, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
             )
         )
-        with (self.workdir / f"{name}.log").open("ab") as log:
+        argv = [*container.get("command", []), *container.get("args", [])]
+        if argv and argv[0] in ("python", "python3"):
+            argv[0] = sys.executable  # the interpreter jaxps runs in, with its packages
+        argv = argv or [sys.executable, "-m", "jaxps_runtime"]
+        log_path = self.workdir / f"{name}.log"
+        with log_path.open("ab") as log:
             log.write(f"--- {datetime.now(UTC).isoformat()} starting {name}\n".encode())
             log.flush()
-            argv = [*container.get("command", []), *container.get("args", [])]
-            if argv and argv[0] in ("python", "python3"):
-                argv[0] = sys.executable  # the interpreter jaxps runs in, with its packages
-            popen = subprocess.Popen(
-                argv or [sys.executable, "-m", "jaxps_runtime"],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+            popen = None
+            if role == cluster.PS and self.standby is not None:  # a replaced ps: take it
+                popen = self.standby.take(env, stdout=log_path, stderr=log_path, argv=argv)
+                if popen is not None:
+                    self.standby = None
+            if popen is None:
+                popen = subprocess.Popen(
+                    argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                )
+        if role == cluster.PS and self.standby is None and runs_the_runtime(argv):
+            self.standby = Standby(env, log=self.workdir / "standby.log", argv=argv)  # the next
         self.processes[name] = Process(
             role=role,
             index=index,
@@ -339,6 +347,9 @@ class LocalCluster:
         return [n for n, p in self.processes.items() if p.exit_code is None]
 
     def stop_all(self) -> None:
+        if self.standby is not None:
+            self.standby.close()
+            self.standby = None
         for proc in self.processes.values():
             if proc.exit_code is None:
                 proc.popen.send_signal(signal.SIGTERM)
@@ -385,6 +396,9 @@ def run(
             if on_tick is not None:
                 on_tick(local.job, local)
             over = outcome.state is None or outcome.state in TERMINAL
+            if over and local.standby is not None:  # no ps will be replaced any more
+                local.standby.close()
+                local.standby = None
             if (
                 over
                 and not local.stopping()

@@ -21,8 +21,10 @@ import platform
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
+from typing import IO
 
 from jaxps_runtime import cluster, stopping
+from jaxps_runtime import standby as standby_process
 from jaxps_runtime.credentials import CredentialsError, Identity, TaskCredentials
 
 EXIT_USAGE = 2
@@ -173,8 +175,60 @@ def _cpu_kind() -> str:
     return f"{platform.machine() or 'cpu'}-{digest[:12]}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args, rest = _arguments(sys.argv[1:] if argv is None else argv)
+def standby(argv: Sequence[str], *, stdin: IO[str] = sys.stdin) -> int:
+    """A ps that has loaded everything a ps loads (gRPC, JAX and its CPU backend, optax, the
+    store), waiting to become one: `python -m jaxps_runtime` with JAXPS_STANDBY=ps.
+
+    A restarted ps is what a whole job waits for, and importing JAX is most of its start
+    (0.5-0.6 s of ~1 s on 2 cores). A launcher keeps one standby per job (`standby.Standby`)
+    and hands it a ps that died: one JSON line on stdin, `{"env": {...}, "stdout": path,
+    "stderr": path}`, whose env may set only what differs between two ps of the job (TASK_ENV;
+    everything else JAX or the ps read at load, XLA_FLAGS included, came from the standby's own
+    environment, the job's). It then runs as that task would (`main`). End of input, as when
+    its launcher goes, ends it with 0; an assignment it cannot take ends it with EXIT_USAGE.
+    """
+    os.environ.pop(standby_process.STANDBY_ENV, None)
+    args, _ = _arguments(argv)
+    _ps_xla_threads(os.environ)
+    _ps_compilation_cache(
+        os.environ, training_file=args.training, training_env=os.environ.get("JAXPS_TRAINING")
+    )
+    import jax  # noqa: PLC0415
+
+    from jaxps_runtime import metrics, ps, server  # noqa: F401, PLC0415
+
+    jax.devices()  # the CPU backend, with the ps's XLA_FLAGS
+    line = stdin.readline()
+    if not line.strip():
+        return 0
+    try:
+        assignment = standby_process.assignment(line)
+    except standby_process.StandbyError as err:
+        print(f"jaxps_runtime: standby: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    for fd, path in ((1, assignment["stdout"]), (2, assignment["stderr"])):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        out = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(out, fd)
+        os.close(out)
+    os.environ.update(assignment["env"])
+    return main(argv, loaded=True)
+
+
+def main(argv: Sequence[str] | None = None, *, loaded: bool = False) -> int:
+    """Runs the task; `loaded`: a standby's, whose ps set-up before JAX's import is done."""
+    argv = sys.argv[1:] if argv is None else argv
+    if os.environ.get(standby_process.STANDBY_ENV):
+        if os.environ[standby_process.STANDBY_ENV] != cluster.PS:
+            print(
+                f"jaxps_runtime: {standby_process.STANDBY_ENV}: got "
+                f"{os.environ[standby_process.STANDBY_ENV]!r}; allowed: ps",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        return standby(argv)
+    args, rest = _arguments(argv)
     try:
         config = task_config(rest, os.environ)
     except cluster.ClusterSpecError as err:
@@ -185,12 +239,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level,
         format=f"%(asctime)s %(levelname)s {task.name} %(name)s: %(message)s",
     )
+    if loaded:
+        log.info("%s: started from the job's standby, loaded ahead", task.name)
     # Before anything slow (jax's import): from here on a signal stops the task cleanly.
     stop = stopping.Stop()
     stopping.install(stop)
     job_id = os.environ.get("JAXPS_JOB_UID") or os.environ.get("JAXPS_JOB_NAME") or "jaxps"
     try:
-        if task.type == cluster.PS:
+        if loaded and task.type != cluster.PS:
+            raise cluster.ClusterSpecError(f"a ps standby cannot be {task.type} {task.index}")
+        if task.type == cluster.PS and not loaded:
             _ps_xla_threads(os.environ)
             _ps_compilation_cache(
                 os.environ,

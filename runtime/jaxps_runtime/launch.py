@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from jaxps_runtime import cluster, credentials, rpc
+from jaxps_runtime.standby import Standby
 
 RUNTIME_ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,6 +138,7 @@ class LocalJob:
     env: dict[str, str]
     metrics_ports: dict[str, int] = field(default_factory=dict)
     authority: credentials.Authority | None = None  # the job's CA when it runs with mutual TLS
+    standby: Standby | None = None  # a loaded ps that a restarted ps becomes (`start(standby=)`)
 
     @classmethod
     def start(
@@ -153,11 +155,14 @@ class LocalJob:
         order: Sequence[str] | None = None,
         task_env: Mapping[str, Mapping[str, str]] | None = None,
         tls: bool = False,
+        standby: bool = False,
     ) -> LocalJob:
         """Starts the tasks (only those in `order`, in that order, if given) and returns at once.
 
         `task_env` adds environment variables to single tasks by name. With `tls`, the job gets
-        its own CA and every task its certificate (in `log_dir/tls/<task>`): mutual TLS.
+        its own CA and every task its certificate (in `log_dir/tls/<task>`): mutual TLS. With
+        `standby`, a ps started again (`start_task`) becomes a process loaded ahead (`Standby`),
+        and another is started for the next one.
         """
         counts = {"chief": int(chief), "ps": ps, "worker": workers, "evaluator": int(evaluator)}
         ports = iter(cluster.free_ports(2 * sum(counts.values())))
@@ -180,6 +185,8 @@ class LocalJob:
             job.start_task(
                 name, metrics_port=job.metrics_ports[name], env=(task_env or {}).get(name)
             )
+        if standby and "ps" in spec:
+            job.standby = Standby(job.task_env("ps-0"), log=log_dir / "standby.log")
         return job
 
     def tls_dir(self, name: str) -> Path:
@@ -189,12 +196,36 @@ class LocalJob:
     def start_task(
         self, name: str, *, metrics_port: int = 0, env: Mapping[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
-        """Starts (or starts again) one task; its stdout goes to <name>.out, logs to <name>.log."""
+        """Starts (or starts again) one task; its stdout goes to <name>.out, logs to <name>.log.
+        A ps becomes the job's standby when it has one that fits (then a new one is started)."""
+        full_env = self.task_env(name, metrics_port=metrics_port, env=env)
+        out, err = self.log_dir / f"{name}.out", self.log_dir / f"{name}.log"
+        proc = None
+        if self.standby is not None and name.startswith("ps-"):
+            proc = self.standby.take(full_env, stdout=out, stderr=err)
+            if proc is not None:
+                self.standby = Standby(full_env, log=self.log_dir / "standby.log")
+        if proc is None:
+            with open(out, "ab") as stdout, open(err, "ab") as stderr:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "jaxps_runtime"],
+                    env=full_env,
+                    stdout=stdout,
+                    stderr=stderr,
+                )
+        self.processes[name] = proc
+        self.metrics_ports[name] = metrics_port
+        return proc
+
+    def task_env(
+        self, name: str, *, metrics_port: int = 0, env: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
+        """The environment task `name` runs with."""
         role, _, index = name.rpartition("-")
         tf_config = cluster.build_tf_config(
             cluster=self.spec, task_type=role, task_index=int(index)
         )
-        env = runtime_env(
+        return runtime_env(
             {
                 **self.env,
                 "TF_CONFIG": tf_config,
@@ -203,16 +234,6 @@ class LocalJob:
                 **(env or {}),
             }
         )
-        with (
-            open(self.log_dir / f"{name}.out", "ab") as out,
-            open(self.log_dir / f"{name}.log", "ab") as err,
-        ):
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "jaxps_runtime"], env=env, stdout=out, stderr=err
-            )
-        self.processes[name] = proc
-        self.metrics_ports[name] = metrics_port
-        return proc
 
     def wait(self, *, timeout: float) -> dict[str, int | None]:
         """Waits for every task to exit (None: still running at the deadline)."""
@@ -242,4 +263,7 @@ class LocalJob:
 
     def stop(self, *, timeout: float = 15.0) -> None:
         """SIGTERM what still runs, then SIGKILL after `timeout`: nothing is left behind."""
+        if self.standby is not None:
+            self.standby.close()
+            self.standby = None
         LocalPs(list(self.processes), list(self.processes.values())).stop(timeout=timeout)

@@ -95,6 +95,10 @@ def test_killing_ps_0_mid_training_still_succeeds_and_counts_the_restart(tmp_pat
     assert status["replicaStatuses"]["ps"]["restarts"] == 1
     assert status["progress"]["eval"]["accuracy"] >= 0.95
     assert "rolling every ps back" in logs
+    # the replacement was the job's standby, a ps loaded ahead; none is left running
+    [ps0] = (tmp_path / "work").glob("*-ps-0.log")
+    assert "started from the job's standby" in ps0.read_text(), logs
+    assert not alive_with_job_name("mnist")
 
 
 def test_a_worker_that_exits_1_under_never_fails_the_job_and_nothing_stays(

@@ -75,11 +75,27 @@ def test_a_killed_ps_is_restarted_and_every_shard_rolls_back_to_the_last_checkpo
     jobs: list[launch.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
 ) -> None:
     kept = {"everySteps": EVERY, "keep": 20, "dir": str(tmp_path / "ckpt")}  # none pruned
-    job = _start(jobs, training=_training(tmp_path, checkpoint=kept), log_dir=tmp_path / "logs")
+    job = _start(
+        jobs,
+        training=_training(tmp_path, checkpoint=kept),
+        log_dir=tmp_path / "logs",
+        standby=True,
+    )
+    assert job.standby is not None
+    loaded_ahead = job.standby.process
     waiting.wait_for(lambda: _step(job, metric, "worker-0") >= 170, job, what="step 170")
     killed_at = _step(job, metric, "worker-0")
     _kill_and_restart(job, "ps-0")
+    # the restarted ps is the standby, which took ps-0's address, log and credentials; a new
+    # standby waits for the next one
+    assert job.processes["ps-0"] is loaded_ahead
+    assert job.standby is not None
+    assert job.standby.process is not loaded_ahead
+    next_standby = job.standby.process
     summary = _finish(job)
+    assert "started from the job's standby" in (tmp_path / "logs" / "ps-0.log").read_text()
+    job.stop()
+    assert next_standby.poll() is not None  # never taken: ended with the job
     assert summary["step"] == TRAINING["steps"]
     assert abs(summary["eval"]["accuracy"] - undisturbed["eval"]["accuracy"]) <= 0.01
     [recovery] = summary["recoveries"]
