@@ -6,7 +6,11 @@ with py-spy for `--seconds` (all threads, native frames off) and prints, per pro
 functions holding the most samples, by self time and by total time (collapsed stacks, as
 `py-spy record --format raw` writes them, are kept under --out).
 
-    python bench/profile_step.py --py-spy PATH [--seconds 10] [--out DIR]
+    python bench/profile_step.py --py-spy PATH [--seconds 10] [--out DIR] [--hidden 64] [--gil]
+
+`--hidden` sets the mlp's hidden layers (default 2048 2048; `--hidden 64` is the latency-bound
+`mlp-async` case of bench/vs_tensorflow.py); `--gil` samples only the thread holding Python's
+GIL, which shows where the Python time goes rather than where threads wait.
 
 py-spy is not a jaxps dependency: `pip download py-spy` and unpack the wheel, or install it.
 """
@@ -72,11 +76,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--out", type=Path, help="keep the collapsed stacks here")
+    parser.add_argument("--hidden", type=int, nargs="+", default=[2048, 2048])
+    parser.add_argument("--gil", action="store_true", help="only the thread holding the GIL")
     args = parser.parse_args()
+    training = {**TRAINING, "model": {"name": "mlp", "kwargs": {"hidden": args.hidden}}}
     with tempfile.TemporaryDirectory(prefix="jaxps-profile-") as tmp:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        job = launch.LocalJob.start(training=TRAINING, log_dir=Path(tmp) / "logs", ps=1, workers=1)
+        job = launch.LocalJob.start(training=training, log_dir=Path(tmp) / "logs", ps=1, workers=1)
         try:
             deadline = time.monotonic() + 300
             while (global_step(job, "worker-0") or 0) < 50:
@@ -102,6 +109,7 @@ def main() -> None:
                         "--output",
                         str(out / f"{name}.txt"),
                         "--nonblocking",
+                        *(["--gil"] if args.gil else []),
                     ],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,

@@ -19,6 +19,8 @@ The `Placement` is plain data: `to_dict`/`from_dict` for checkpoints and compari
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +35,11 @@ class PlacementError(ValueError):
     """A placement cannot be computed, or two placements do not match."""
 
 
+@functools.cache
+def _itemsize(dtype: str) -> int:
+    return np.dtype(dtype).itemsize
+
+
 @dataclass(frozen=True, order=True)
 class Variable:
     """One leaf of the parameter pytree."""
@@ -43,7 +50,7 @@ class Variable:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * _itemsize(self.dtype)  # math.prod: ~20x np.prod on tuples
 
     @property
     def row_bytes(self) -> int:
@@ -228,6 +235,14 @@ class Layout:
 
     def unflatten(self, named: Mapping[str, Any]) -> Any:
         return jax.tree_util.tree_unflatten(self.treedef, [named[n] for n in self.names])
+
+    def named(self, tree: Any) -> dict[str, Any]:
+        """The leaves of a tree of this structure by name (as `named_leaves`, without making
+        the names again: a worker names its gradients on every step)."""
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        if treedef != self.treedef:
+            return named_leaves(tree)[1]
+        return dict(zip(self.names, leaves, strict=True))
 
 
 def named_leaves(tree: Any) -> tuple[Layout, dict[str, Any]]:

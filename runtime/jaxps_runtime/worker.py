@@ -29,7 +29,6 @@ import grpc
 import jax
 import numpy as np
 
-from jaxps_runtime import placement
 from jaxps_runtime.client import PsClientError, PsRestartedError
 from jaxps_runtime.task import Task
 
@@ -284,7 +283,7 @@ class Worker:
             return -1
         pulled = time.perf_counter()
         loss, grads = self._grad(task.layout.unflatten(params), batch)
-        named = {n: np.asarray(g) for n, g in placement.named_leaves(grads)[1].items()}
+        named = {n: np.asarray(g) for n, g in task.layout.named(grads).items()}
         self.loss = float(loss)
         computed = time.perf_counter()
         # One Update per ps, the embedding rows included. Sync without tables: the update,

@@ -131,3 +131,16 @@ def test_bad_placement_arguments_are_named(kwargs: dict[str, object], message: s
 def test_duplicate_variable_names_are_refused() -> None:
     with pytest.raises(placement.PlacementError, match="'w' appears twice"):
         placement.plan([Variable("w", (4,), "float32")] * 2, num_ps=1)
+
+
+def test_a_layout_names_the_leaves_of_any_tree_of_its_structure() -> None:
+    params = {"dense": {"w": np.zeros((2, 3)), "b": np.zeros(3)}, "out": [np.ones(1)]}
+    layout, named = placement.named_leaves(params)
+    grads = {"dense": {"w": np.full((2, 3), 2.0), "b": np.full(3, 3.0)}, "out": [np.full(1, 4.0)]}
+    again = layout.named(grads)
+    assert list(again) == list(named) == ["['dense']['b']", "['dense']['w']", "['out'][0]"]
+    assert again["['out'][0]"][0] == 4.0
+    # another structure: named afresh, not with the layout's names
+    assert list(layout.named({"x": np.zeros(1)})) == ["['x']"]
+    assert Variable("w", (2, 3), "float32").nbytes == 24
+    assert Variable("s", (), "bfloat16").nbytes == 2
