@@ -5,9 +5,6 @@ replacement finds it."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,8 +15,7 @@ import pytest
 
 from jaxps_runtime import __main__ as main
 from jaxps_runtime import server
-
-RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
+from tests.unit import imports
 
 
 class AbortError(Exception):
@@ -48,21 +44,7 @@ class Servicer:
 
 def test_a_ps_listens_before_it_imports_jax_or_anything_else_it_can_load_later() -> None:
     later = ("jax", "optax", "jaxps_runtime.shards", "prometheus_client", "yaml")
-    script = (
-        "import sys\n"
-        "from jaxps_runtime import __main__, server\n"
-        f"print(sorted(m for m in {later!r} if m in sys.modules))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env={**os.environ, "PYTHONPATH": str(RUNTIME)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    assert imports.loaded_by("from jaxps_runtime import __main__, server", later) == []
 
 
 def test_a_call_before_the_store_is_loaded_waits_for_it_then_runs_on_it() -> None:
