@@ -296,7 +296,7 @@ class LocalCluster:
             popen = None
             if role == cluster.PS and self.standby is not None:  # a replaced ps: take it
                 popen = self.standby.take(env, stdout=log_path, stderr=log_path, argv=argv)
-                if popen is not None:
+                if popen is not None or not self.standby.alive:  # taken, or dead: another one
                     self.standby = None
             if popen is None:
                 popen = subprocess.Popen(

@@ -203,7 +203,7 @@ class LocalJob:
         proc = None
         if self.standby is not None and name.startswith("ps-"):
             proc = self.standby.take(full_env, stdout=out, stderr=err)
-            if proc is not None:
+            if proc is not None or not self.standby.alive:  # taken, or dead: another one
                 self.standby = Standby(full_env, log=self.log_dir / "standby.log")
         if proc is None:
             with open(out, "ab") as stdout, open(err, "ab") as stderr:

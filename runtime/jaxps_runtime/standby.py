@@ -78,12 +78,17 @@ class Standby:
                 stderr=err,
             )
 
+    @property
+    def alive(self) -> bool:
+        """Still there (a standby may die, say killed for memory, before it is taken)."""
+        return self.process.poll() is None
+
     def fits(self, env: Mapping[str, str], argv: Sequence[str] = ()) -> bool:
         """Whether a task with `env` and `argv` can be this standby: alive, and started with
         the same command and environment but for what differs between two ps (TASK_ENV)."""
         rest = {k: v for k, v in env.items() if k not in TASK_ENV}
         same_argv = (tuple(argv) or RUNTIME) == self.argv
-        return self.process.poll() is None and rest == self.env and same_argv
+        return self.alive and rest == self.env and same_argv
 
     def take(
         self, env: Mapping[str, str], *, stdout: Path, stderr: Path, argv: Sequence[str] = ()

@@ -88,3 +88,26 @@ def test_a_standby_ends_with_its_input_and_refuses_a_bad_assignment(tmp_path: Pa
     )
     assert wrong.returncode == 2
     assert "JAXPS_STANDBY: got 'worker'; allowed: ps" in wrong.stderr.decode()
+
+
+def test_a_standby_that_died_is_replaced_and_the_ps_starts_as_a_new_process(
+    jobs: list[launch.LocalJob], tmp_path: Path
+) -> None:
+    job = launch.LocalJob.start(
+        training={"steps": 100_000}, log_dir=tmp_path / "logs", ps=1, workers=1, standby=True
+    )
+    jobs.append(job)
+    assert job.standby is not None
+    dead = job.standby.process
+    dead.kill()
+    dead.wait(timeout=30)
+    job.processes["ps-0"].kill()
+    job.processes["ps-0"].wait(timeout=30)
+    restarted = job.start_task("ps-0", metrics_port=job.metrics_ports["ps-0"])
+    assert restarted is not dead
+    assert restarted.poll() is None
+    assert job.standby is not None
+    assert job.standby.alive
+    assert job.standby.process is not dead
+    launch.wait_serving(job.spec["ps"][0], timeout=120, process=restarted)
+    assert "started from the job's standby" not in (tmp_path / "logs" / "ps-0.log").read_text()
