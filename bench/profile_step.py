@@ -1,12 +1,15 @@
-"""Where a worker step's time goes on a bandwidth-bound model: py-spy on the worker and the ps.
+"""Where a worker step's time goes on a bandwidth-bound model: CPU time and page faults per step
+of the worker and the ps, and (with `--py-spy`) py-spy profiles of both.
 
 Starts a 1 ps + 1 worker async job training a dense mlp (hidden [2048, 2048]: 4.3M parameters,
 17 MB each way per step) on digits, lets the worker warm up, then samples the worker and the ps
 with py-spy for `--seconds` (all threads, native frames off) and prints, per process, the
 functions holding the most samples, by self time and by total time (collapsed stacks, as
-`py-spy record --format raw` writes them, are kept under --out).
+`py-spy record --format raw` writes them, are kept under --out). Without `--py-spy` it only
+watches the same window. Either way it prints, per process, the CPU time (user + system) and
+the minor page faults per global step over the window (from /proc).
 
-    python bench/profile_step.py --py-spy PATH [--seconds 10] [--out DIR] [--hidden 64] [--gil]
+    python bench/profile_step.py [--py-spy PATH] [--seconds 10] [--out DIR] [--hidden 64] [--gil]
 
 `--hidden` sets the mlp's hidden layers (default 2048 2048; `--hidden 64` is the latency-bound
 `mlp-async` case of bench/vs_tensorflow.py); `--gil` samples only the thread holding Python's
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import subprocess
 import sys
 import tempfile
@@ -40,6 +44,14 @@ TRAINING = {
     "optimizer": {"name": "adagrad", "kwargs": {"learning_rate": 0.01}},
     "logEverySeconds": 30,
 }
+
+
+def usage(pid: int) -> tuple[float, int]:
+    """A process's CPU seconds (user + system) and minor page faults so far (/proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks, int(fields[7])
 
 
 def summarize(raw: Path, top: int) -> str:
@@ -72,7 +84,7 @@ def summarize(raw: Path, top: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--py-spy", required=True, help="the py-spy executable")
+    parser.add_argument("--py-spy", help="the py-spy executable (without: no profiles)")
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--out", type=Path, help="keep the collapsed stacks here")
@@ -91,6 +103,8 @@ def main() -> None:
                     raise TimeoutError(job.logs())
                 time.sleep(0.2)
             first = global_step(job, "worker-0") or 0
+            names = ("worker-0", "ps-0")
+            before = {name: usage(job.processes[name].pid) for name in names}
             started = time.monotonic()
             records = {
                 name: subprocess.Popen(
@@ -114,13 +128,22 @@ def main() -> None:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
-                for name in ("worker-0", "ps-0")
+                for name in (names if args.py_spy else ())
             }
             for proc in records.values():
                 proc.wait(timeout=args.seconds + 120)
+            if not records:
+                time.sleep(args.seconds)
             steps = (global_step(job, "worker-0") or 0) - first
+            after = {name: usage(job.processes[name].pid) for name in names}
             elapsed = time.monotonic() - started
             print(f"{steps} steps in {elapsed:.1f} s: {steps / elapsed:.1f} steps/s while sampled")
+            for name in names:
+                cpu, faults = (a - b for a, b in zip(after[name], before[name], strict=True))
+                print(
+                    f"{name}: {1e3 * cpu / max(steps, 1):.1f} ms CPU and "
+                    f"{faults / max(steps, 1):.0f} minor page faults per step"
+                )
             for name in records:
                 print(f"\n{name}: {summarize(out / f'{name}.txt', args.top)}")
         finally:

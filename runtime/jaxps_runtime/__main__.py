@@ -13,6 +13,7 @@ Every role stops cleanly and promptly on SIGTERM and SIGINT (`stopping`).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import json
 import logging
@@ -108,6 +109,38 @@ def _ps_xla_threads(environ: MutableMapping[str, str]) -> None:
     environ["XLA_FLAGS"] = f"{environ.get('XLA_FLAGS', '')} {flags}".strip()
 
 
+MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (glibc's malloc.h)
+PS_MMAP_THRESHOLD = 1 << 30
+PS_TRIM_THRESHOLD = 2**31 - 1
+
+
+def _ps_malloc(environ: Mapping[str, str]) -> bool:
+    """Makes glibc's malloc keep the memory a ps frees for its next update, before jax loads;
+    False where it did not (another libc, or the user tuned malloc in the environment).
+
+    Every update of a shard makes new arrays (XLA's outputs: its values and optimizer state)
+    and frees the last ones, megabytes each. glibc gives memory back to the system when the
+    top of its heap is free (trim, from 128 KiB), and serves a large block with its own mmap;
+    either way the next update's arrays are fresh pages, zeroed by the kernel on first touch.
+    Measured on 2 cores with the 4.3M-parameter dense mlp (1 ps, 1 worker, async): ~3,500-4,000
+    page faults and 38-45 ms of ps CPU per step; with these settings ~200 and 29 ms. The cost:
+    a ps's resident memory stays at its peak rather than shrinking between updates (as
+    TensorFlow's allocator never shrinks either).
+    """
+    if any(name in environ for name in MALLOC_ENV):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(
+        mallopt(M_MMAP_THRESHOLD, PS_MMAP_THRESHOLD)
+        and mallopt(M_TRIM_THRESHOLD, PS_TRIM_THRESHOLD)
+    )
+
+
 COMPILATION_CACHE = "compilation-cache"
 
 
@@ -189,6 +222,7 @@ def standby(argv: Sequence[str], *, stdin: IO[str] = sys.stdin) -> int:
     """
     os.environ.pop(standby_process.STANDBY_ENV, None)
     args, _ = _arguments(argv)
+    _ps_malloc(os.environ)
     _ps_xla_threads(os.environ)
     _ps_compilation_cache(
         os.environ, training_file=args.training, training_env=os.environ.get("JAXPS_TRAINING")
@@ -249,6 +283,7 @@ def main(argv: Sequence[str] | None = None, *, loaded: bool = False) -> int:
         if loaded and task.type != cluster.PS:
             raise cluster.ClusterSpecError(f"a ps standby cannot be {task.type} {task.index}")
         if task.type == cluster.PS and not loaded:
+            _ps_malloc(os.environ)
             _ps_xla_threads(os.environ)
             _ps_compilation_cache(
                 os.environ,

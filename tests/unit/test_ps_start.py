@@ -149,3 +149,11 @@ def test_without_a_checkpoint_directory_a_ps_keeps_no_compilation_cache(
     environ: dict[str, str] = {}
     main._ps_compilation_cache(environ, training_file=None, training_env=training)
     assert environ == {}
+
+
+def test_a_ps_tunes_malloc_to_keep_what_it_frees_unless_the_user_tuned_it() -> None:
+    # glibc (this machine, the image): the settings are taken; a fresh interpreter, so that
+    # this one's malloc is left as it was
+    assert imports.run("from jaxps_runtime import __main__ as m\nprint(m._ps_malloc({}))") == "True"
+    for name in main.MALLOC_ENV:
+        assert main._ps_malloc({name: "x"}) is False
