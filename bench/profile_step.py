@@ -1,21 +1,28 @@
 """Where a worker step's time goes on a bandwidth-bound model: CPU time and page faults per step
-of the worker and the ps, and (with `--py-spy`) py-spy profiles of both.
+of the worker and the ps, py-spy profiles of both (`--py-spy`) and a native profile of the whole
+machine by library (`--perf`).
 
-Starts a 1 ps + 1 worker async job training a dense mlp (hidden [2048, 2048]: 4.3M parameters,
-17 MB each way per step) on digits, lets the worker warm up, then samples the worker and the ps
-with py-spy for `--seconds` (all threads, native frames off) and prints, per process, the
-functions holding the most samples, by self time and by total time (collapsed stacks, as
-`py-spy record --format raw` writes them, are kept under --out). Without `--py-spy` it only
-watches the same window. Either way it prints, per process, the CPU time (user + system) and
-the minor page faults per global step over the window (from /proc).
+Starts a job training a dense mlp (hidden [2048, 2048]: 4.3M parameters, 17 MB each way per
+step) on digits, 1 ps + 1 worker async unless told otherwise (`--ps 2 --workers 2 --mode sync`
+is the `dense-sync` case of bench/vs_tensorflow.py), lets it warm up, then watches it for
+`--seconds`. It prints, per process, the CPU time (user + system) and the minor page faults per
+global step over the window (from /proc). With `--py-spy` it samples worker-0 and ps-0 (all
+threads, native frames off) and prints the functions holding the most samples, by self time and
+by total time (collapsed stacks, as `py-spy record --format raw` writes them, are kept under
+--out). With `--perf` it samples every CPU with `perf record -a` (only this job should run) and
+prints the share of all samples per kind of work (memory copies, the kernel's socket copies and
+the rest of the kernel, the Python interpreter, grpc, XLA's kernels, ...) and the hottest native
+symbols: unlike py-spy it sees time spent outside Python and outside the GIL.
 
-    python bench/profile_step.py [--py-spy PATH] [--seconds 10] [--out DIR] [--hidden 64] [--gil]
+    python bench/profile_step.py [--py-spy PATH] [--perf PATH] [--seconds 10] [--out DIR]
+        [--hidden 64] [--gil] [--ps 2] [--workers 2] [--mode sync]
 
 `--hidden` sets the mlp's hidden layers (default 2048 2048; `--hidden 64` is the latency-bound
 `mlp-async` case of bench/vs_tensorflow.py); `--gil` samples only the thread holding Python's
 GIL, which shows where the Python time goes rather than where threads wait.
 
 py-spy is not a jaxps dependency: `pip download py-spy` and unpack the wheel, or install it.
+perf comes with Debian's `linux-perf`.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
@@ -82,6 +90,47 @@ def summarize(raw: Path, top: int) -> str:
     return "\n".join(lines)
 
 
+# Kinds of work in a native profile, by shared object and symbol (first match wins).
+KINDS: tuple[tuple[str, Callable[[str, str], bool]], ...] = (
+    ("memory copies (libc memcpy/memmove)", lambda dso, sym: "libc" in dso and "mem" in sym),
+    ("kernel: socket copies", lambda dso, sym: "kernel" in dso and "copy_" in sym),
+    ("kernel: the rest (scheduling, syscalls, TCP)", lambda dso, sym: "kernel" in dso),
+    ("malloc and free", lambda dso, sym: "libc" in dso and ("alloc" in sym or "free" in sym)),
+    ("Python interpreter", lambda dso, sym: "libpython" in dso),
+    ("grpc (cygrpc)", lambda dso, sym: "cygrpc" in dso),
+    ("XLA: compiled kernels and runtime", lambda dso, sym: "jax" in dso or "JIT" in dso),
+    ("numpy", lambda dso, sym: "multiarray" in dso),
+    ("protobuf", lambda dso, sym: "_message" in dso or "protobuf" in dso),
+)
+
+
+def native_profile(perf: str, data: Path, top: int) -> str:
+    """Shares of all samples per kind of work, then the hottest symbols (perf report)."""
+    report = subprocess.run(
+        [perf, "report", "-i", str(data), "--stdio", "--no-children", "--sort", "dso,sym"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows: list[tuple[float, str, str]] = []
+    for line in report.splitlines():
+        parts = line.split()
+        if len(parts) < 4 or line.lstrip().startswith("#") or not parts[0].endswith("%"):
+            continue
+        # "  16.51%  libc.so.6  [.] __memmove_avx512_unaligned_erms" ([JIT] tid N: two words)
+        at = parts.index("[.]") if "[.]" in parts else parts.index("[k]") if "[k]" in parts else 2
+        rows.append((float(parts[0].rstrip("%")), " ".join(parts[1:at]), " ".join(parts[at + 1 :])))
+    shares: collections.Counter[str] = collections.Counter()
+    for share, dso, sym in rows:
+        kind = next((name for name, match in KINDS if match(dso, sym)), "other")
+        shares[kind] += share
+    lines = ["share of all CPU samples by kind of work:"]
+    lines += [f"  {share:5.1f}%  {kind}" for kind, share in shares.most_common()]
+    lines.append("hottest symbols:")
+    lines += [f"  {share:5.1f}%  {sym[:90]} ({dso})" for share, dso, sym in rows[:top]]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--py-spy", help="the py-spy executable (without: no profiles)")
@@ -90,12 +139,22 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="keep the collapsed stacks here")
     parser.add_argument("--hidden", type=int, nargs="+", default=[2048, 2048])
     parser.add_argument("--gil", action="store_true", help="only the thread holding the GIL")
+    parser.add_argument("--perf", help="the perf executable (without: no native profile)")
+    parser.add_argument("--ps", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--mode", choices=("async", "sync"), default="async")
     args = parser.parse_args()
-    training = {**TRAINING, "model": {"name": "mlp", "kwargs": {"hidden": args.hidden}}}
+    training = {
+        **TRAINING,
+        "model": {"name": "mlp", "kwargs": {"hidden": args.hidden}},
+        "mode": args.mode,
+    }
     with tempfile.TemporaryDirectory(prefix="jaxps-profile-") as tmp:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        job = launch.LocalJob.start(training=training, log_dir=Path(tmp) / "logs", ps=1, workers=1)
+        job = launch.LocalJob.start(
+            training=training, log_dir=Path(tmp) / "logs", ps=args.ps, workers=args.workers
+        )
         try:
             deadline = time.monotonic() + 300
             while (global_step(job, "worker-0") or 0) < 50:
@@ -130,6 +189,23 @@ def main() -> None:
                 )
                 for name in (names if args.py_spy else ())
             }
+            if args.perf:
+                records["perf"] = subprocess.Popen(
+                    [
+                        args.perf,
+                        "record",
+                        "-F",
+                        "999",
+                        "-a",
+                        "-o",
+                        str(out / "perf.data"),
+                        "--",
+                        "sleep",
+                        str(args.seconds),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
             for proc in records.values():
                 proc.wait(timeout=args.seconds + 120)
             if not records:
@@ -145,7 +221,10 @@ def main() -> None:
                     f"{faults / max(steps, 1):.0f} minor page faults per step"
                 )
             for name in records:
-                print(f"\n{name}: {summarize(out / f'{name}.txt', args.top)}")
+                if name == "perf":
+                    print(f"\nall CPUs: {native_profile(args.perf, out / 'perf.data', args.top)}")
+                else:
+                    print(f"\n{name}: {summarize(out / f'{name}.txt', args.top)}")
         finally:
             job.stop()
 
