@@ -91,22 +91,27 @@ def task_config(argv: Sequence[str], environ: Mapping[str, str]) -> cluster.TFCo
 
 
 def _ps_xla_threads(environ: MutableMapping[str, str]) -> None:
-    """Runs a ps's XLA updates on JAXPS_PS_XLA_THREADS threads (default 1), before jax loads.
+    """Runs a ps's XLA updates single-threaded unless JAXPS_PS_XLA_THREADS > 1, before jax loads.
 
     A ps's updates are element-wise and overlap with receiving the next shard; XLA's own
-    intra-op thread pool then only competes with gRPC's threads for the cores. Measured with
+    intra-op threads then only compete with gRPC's threads for the cores. Measured with
     bench/transport.py on 2 cores: 64 MiB push through 1 ps 640 -> 1090 MB/s.
+
+    XLA has no flag for a thread count (it sizes its pool from the CPUs the process may run
+    on), so any count above 1 means XLA's multi-threaded default. Every token added to XLA_FLAGS
+    is a `--flag`: XLA reads a first token without `--` as a file of flags and aborts the
+    process when there is none.
     """
     threads = environ.get("JAXPS_PS_XLA_THREADS", "1")
     if not threads.isdigit() or int(threads) < 1:
         raise cluster.ClusterSpecError(
-            f"JAXPS_PS_XLA_THREADS: got {threads!r}; expected a thread count >= 1"
+            f"JAXPS_PS_XLA_THREADS: got {threads!r}; expected a thread count >= 1 (1: "
+            "single-threaded updates; more: XLA's own pool, as many threads as CPUs)"
         )
     if int(threads) == 1:
-        flags = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-    else:
-        flags = f"intra_op_parallelism_threads={threads}"
-    environ["XLA_FLAGS"] = f"{environ.get('XLA_FLAGS', '')} {flags}".strip()
+        environ["XLA_FLAGS"] = (
+            f"{environ.get('XLA_FLAGS', '')} --xla_cpu_multi_thread_eigen=false".strip()
+        )
 
 
 MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")

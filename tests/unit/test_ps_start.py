@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from jaxps_runtime import __main__ as main
-from jaxps_runtime import server
+from jaxps_runtime import cluster, server
 from tests.unit import imports
 
 
@@ -157,3 +157,34 @@ def test_a_ps_tunes_malloc_to_keep_what_it_frees_unless_the_user_tuned_it() -> N
     assert imports.run("from jaxps_runtime import __main__ as m\nprint(m._ps_malloc({}))") == "True"
     for name in main.MALLOC_ENV:
         assert main._ps_malloc({name: "x"}) is False
+
+
+def test_a_ps_updates_single_threaded_by_default_and_keeps_the_users_xla_flags() -> None:
+    environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+    main._ps_xla_threads(environ)
+    assert environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/x --xla_cpu_multi_thread_eigen=false"
+    more = {"JAXPS_PS_XLA_THREADS": "4"}
+    main._ps_xla_threads(more)
+    assert "XLA_FLAGS" not in more  # XLA's own multi-threaded pool
+
+
+@pytest.mark.parametrize("threads", ["0", "-1", "two", ""])
+def test_a_bad_ps_thread_count_is_refused_naming_the_variable(threads: str) -> None:
+    with pytest.raises(cluster.ClusterSpecError, match=f"JAXPS_PS_XLA_THREADS: got {threads!r}"):
+        main._ps_xla_threads({"JAXPS_PS_XLA_THREADS": threads})
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_xla_starts_with_the_flags_a_ps_sets(threads: str) -> None:
+    """XLA aborts the process on XLA_FLAGS it cannot read (a first token without `--` is taken
+    for a file of flags): what the ps sets must load and run."""
+    code = (
+        "import os\n"
+        f"os.environ['JAXPS_PS_XLA_THREADS'] = {threads!r}\n"
+        "os.environ.pop('XLA_FLAGS', None)\n"
+        "from jaxps_runtime import __main__ as m\n"
+        "m._ps_xla_threads(os.environ)\n"
+        "import jax\n"
+        "print(int(jax.jit(lambda x: x + 1)(41)))"
+    )
+    assert imports.run(code).splitlines()[-1] == "42"
