@@ -3,10 +3,10 @@
 The task comes from TF_CONFIG (TensorFlow's format) or from TF1's flags
 (--ps_hosts --worker_hosts [--chief_hosts --evaluator_hosts] --job_name --task_index); the job's
 identity from JAXPS_JOB_UID (or JAXPS_JOB_NAME). Exit codes: 0 done, 1 failed, 2 a usage error
-(TF_CONFIG, the flags, JAXPS_METRICS_PORT, JAXPS_PS_XLA_THREADS), 78 an invalid training
-configuration (`config.EXIT_INVALID_TRAINING`: the control plane fails the job at once; the
-problems are in the termination log, see `roles`), 128 + N stopped by signal N (143 for
-SIGTERM, 130 for SIGINT; a ps exits 0, see `server`).
+(TF_CONFIG, the flags, JAXPS_LOG_LEVEL, JAXPS_METRICS_PORT, JAXPS_PS_XLA_THREADS), 78 an
+invalid training configuration (`config.EXIT_INVALID_TRAINING`: the control plane fails the job
+at once; the problems are in the termination log, see `roles`), 128 + N stopped by signal N
+(143 for SIGTERM, 130 for SIGINT; a ps exits 0, see `server`).
 Every role stops cleanly and promptly on SIGTERM and SIGINT (`stopping`).
 """
 
@@ -29,6 +29,7 @@ from jaxps_runtime import standby as standby_process
 from jaxps_runtime.credentials import CredentialsError, Identity, TaskCredentials
 
 EXIT_USAGE = 2
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 log = logging.getLogger("jaxps_runtime")
 
 
@@ -41,8 +42,10 @@ def _arguments(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument(
         "--log-level",
+        type=str.upper,  # argparse applies it to the default (JAXPS_LOG_LEVEL) too
         default=os.environ.get("JAXPS_LOG_LEVEL", "INFO"),
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        choices=LOG_LEVELS,
+        help="default: JAXPS_LOG_LEVEL, else INFO (any case)",
     )
     parser.add_argument(
         "--bind",
@@ -268,6 +271,13 @@ def main(argv: Sequence[str] | None = None, *, loaded: bool = False) -> int:
             return EXIT_USAGE
         return standby(argv)
     args, rest = _arguments(argv)
+    if args.log_level not in LOG_LEVELS:  # argparse checks the flag, not its default
+        print(
+            f"jaxps_runtime: JAXPS_LOG_LEVEL: got {os.environ.get('JAXPS_LOG_LEVEL')!r}; "
+            f"expected one of {', '.join(LOG_LEVELS)} (any case)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:
         config = task_config(rest, os.environ)
     except cluster.ClusterSpecError as err:

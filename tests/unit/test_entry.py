@@ -1,0 +1,31 @@
+"""`python -m jaxps_runtime`'s own settings: a bad one is a usage error (exit 2) naming the
+variable, the value and what is allowed, before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxps_runtime import __main__ as main
+
+
+@pytest.mark.parametrize(("value", "level"), [("debug", "DEBUG"), ("Warning", "WARNING")])
+def test_the_log_level_from_the_environment_may_be_in_any_case(
+    monkeypatch: pytest.MonkeyPatch, value: str, level: str
+) -> None:
+    monkeypatch.setenv("JAXPS_LOG_LEVEL", value)
+    args, _ = main._arguments([])
+    assert args.log_level == level
+
+
+def test_a_bad_log_level_in_the_environment_is_a_usage_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("JAXPS_LOG_LEVEL", "LOUD")
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        '{"cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, '
+        '"task": {"type": "worker", "index": 0}}',
+    )
+    assert main.main([]) == main.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "JAXPS_LOG_LEVEL: got 'LOUD'; expected one of DEBUG, INFO, WARNING, ERROR" in err
