@@ -11,7 +11,8 @@ same Plan. One pass, in order:
 
 1. suspend (`policy.suspend`): a suspended job's pods are deleted, none created;
 2. the deadline (`policy.deadline`), then the training configuration: a `spec.training` the
-   runtime would refuse fails the job before any pod starts (InvalidTraining);
+   runtime would refuse fails the job before any pod starts (InvalidTraining), and so does a
+   template that sets a jaxps variable to a value the runtime would refuse (InvalidTemplate);
 3. children (`builders`): the headless Service, the Secret of the job's credentials and its
    NetworkPolicy when missing, and every missing pod; a pod is never recreated while its
    predecessor is still terminating;
@@ -138,6 +139,15 @@ def _run(
             succeeded=False,
             reason="InvalidTraining",
             message="spec.training is invalid, no pod started: " + "; ".join(map(str, problems)),
+        )
+        return
+    problems = schema.setting_problems(job)
+    if problems:
+        status.finish(
+            succeeded=False,
+            reason="InvalidTemplate",
+            message="a template sets a jaxps variable to a value the runtime refuses, no pod "
+            "started: " + "; ".join(map(str, problems)),
         )
         return
     if not service_exists:

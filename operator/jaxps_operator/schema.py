@@ -248,9 +248,30 @@ def training_problems(job: Mapping[str, Any]) -> list[Problem]:
     return out
 
 
+def setting_problems(job: Mapping[str, Any]) -> list[Problem]:
+    """What the runtime would refuse among its own variables in each role's template (the
+    first container, where `builders.pod` runs it): `jaxps_runtime.cluster.setting_problem`.
+    A value from `valueFrom` is only known in the pod, which checks it itself (exit 2)."""
+    from jaxps_runtime import cluster  # noqa: PLC0415 - only where templates are checked
+
+    out = []
+    for role, spec in sorted((job["spec"].get("replicaSpecs") or {}).items()):
+        template_spec = ((spec or {}).get("template") or {}).get("spec") or {}
+        containers = template_spec.get("containers") or [{}]
+        for i, var in enumerate(containers[0].get("env") or []):
+            name, value = var.get("name"), var.get("value")
+            if not isinstance(name, str) or not isinstance(value, str):
+                continue
+            problem = cluster.setting_problem(name, value, task_type=role)
+            if problem is not None:
+                path = f"spec.replicaSpecs.{role}.template.spec.containers[0].env[{i}].value"
+                out.append(Problem(path, problem))
+    return out
+
+
 def load(text: str) -> dict[str, Any]:
     """Parses one YAML or JSON manifest and validates it: the CRD's schema, then (when that
-    passes) what the runtime would refuse in `spec.training`."""
+    passes) what the runtime would refuse in `spec.training` and in its templates' settings."""
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as err:
@@ -260,7 +281,7 @@ def load(text: str) -> dict[str, Any]:
             [Problem("", f"expected one {KIND} document, found {len(docs)}")]
         )
     job = validate(docs[0])
-    problems = training_problems(job)
+    problems = training_problems(job) + setting_problems(job)
     if problems:
         raise InvalidManifestError(problems)
     return job

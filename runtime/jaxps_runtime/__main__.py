@@ -29,7 +29,6 @@ from jaxps_runtime import standby as standby_process
 from jaxps_runtime.credentials import CredentialsError, Identity, TaskCredentials
 
 EXIT_USAGE = 2
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 log = logging.getLogger("jaxps_runtime")
 
 
@@ -44,7 +43,7 @@ def _arguments(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         "--log-level",
         type=str.upper,  # argparse applies it to the default (JAXPS_LOG_LEVEL) too
         default=os.environ.get("JAXPS_LOG_LEVEL", "INFO"),
-        choices=LOG_LEVELS,
+        choices=cluster.LOG_LEVELS,
         help="default: JAXPS_LOG_LEVEL, else INFO (any case)",
     )
     parser.add_argument(
@@ -106,11 +105,9 @@ def _ps_xla_threads(environ: MutableMapping[str, str]) -> None:
     process when there is none.
     """
     threads = environ.get("JAXPS_PS_XLA_THREADS", "1")
-    if not threads.isdigit() or int(threads) < 1:
-        raise cluster.ClusterSpecError(
-            f"JAXPS_PS_XLA_THREADS: got {threads!r}; expected a thread count >= 1 (1: "
-            "single-threaded updates; more: XLA's own pool, as many threads as CPUs)"
-        )
+    problem = cluster.setting_problem("JAXPS_PS_XLA_THREADS", threads, task_type=cluster.PS)
+    if problem:
+        raise cluster.ClusterSpecError(problem)
     if int(threads) == 1:
         environ["XLA_FLAGS"] = (
             f"{environ.get('XLA_FLAGS', '')} --xla_cpu_multi_thread_eigen=false".strip()
@@ -271,12 +268,10 @@ def main(argv: Sequence[str] | None = None, *, loaded: bool = False) -> int:
             return EXIT_USAGE
         return standby(argv)
     args, rest = _arguments(argv)
-    if args.log_level not in LOG_LEVELS:  # argparse checks the flag, not its default
-        print(
-            f"jaxps_runtime: JAXPS_LOG_LEVEL: got {os.environ.get('JAXPS_LOG_LEVEL')!r}; "
-            f"expected one of {', '.join(LOG_LEVELS)} (any case)",
-            file=sys.stderr,
-        )
+    if args.log_level not in cluster.LOG_LEVELS:  # argparse checks the flag, not its default
+        raw = os.environ.get("JAXPS_LOG_LEVEL", "")
+        problem = cluster.setting_problem("JAXPS_LOG_LEVEL", raw, task_type="")
+        print(f"jaxps_runtime: {problem}", file=sys.stderr)
         return EXIT_USAGE
     try:
         config = task_config(rest, os.environ)
@@ -368,7 +363,7 @@ def _credentials(
 
 def _metrics_port(environ: Mapping[str, str]) -> int:
     raw = environ.get("JAXPS_METRICS_PORT", "9090")
-    if not raw.isdigit() or int(raw) > 65535:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > 65535:
         raise cluster.ClusterSpecError(
             f"JAXPS_METRICS_PORT: got {raw!r}; expected a port 0..65535 (0: pick a free one)"
         )

@@ -136,7 +136,12 @@ def prune(root: Path, *, keep: int, protect: Sequence[int] = ()) -> None:
     steps = {m.step for m in committed(root)}
     for entry in root.glob("step-*"):
         number = entry.name.removeprefix("step-")
-        if number.isdigit() and int(number) not in steps and int(number) not in protect:
+        if (
+            number.isascii()
+            and number.isdigit()
+            and int(number) not in steps
+            and int(number) not in protect
+        ):
             shutil.rmtree(entry, ignore_errors=True)
 
 

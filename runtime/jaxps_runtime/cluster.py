@@ -370,6 +370,28 @@ def dns_address(
     return f"{name}.{job}.{namespace}.svc:{port}"
 
 
+LOG_LEVELS: Final[tuple[str, ...]] = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def setting_problem(name: str, value: str, *, task_type: str) -> str | None:
+    """What a task of `task_type` refuses in one of the runtime's own variables that a pod
+    template may set (JAXPS_LOG_LEVEL; JAXPS_PS_XLA_THREADS, read by a ps only), as
+    "NAME: got ...; expected ...", or None. The runtime exits 2 with it; the control plane
+    fails the job with it before any pod starts."""
+    if name == "JAXPS_LOG_LEVEL" and value.upper() not in LOG_LEVELS:
+        return f"{name}: got {_show(value)}; expected one of {', '.join(LOG_LEVELS)} (any case)"
+    if (
+        name == "JAXPS_PS_XLA_THREADS"
+        and task_type == PS
+        and not (value.isascii() and value.isdigit() and int(value) >= 1)
+    ):
+        return (
+            f"{name}: got {_show(value)}; expected a thread count >= 1 (1: single-threaded "
+            "updates; more: XLA's own pool, as many threads as the ps may use CPUs)"
+        )
+    return None
+
+
 def free_ports(count: int) -> list[int]:
     """`count` distinct ports the kernel hands out now on 127.0.0.1 (every socket stays bound
     until all are picked): the addresses of a cluster on this machine."""

@@ -59,7 +59,12 @@ class Identity:
         if not uri.startswith(prefix):
             return None
         parts = uri[len(prefix) :].split("/")
-        if len(parts) != 3 or not parts[0] or parts[1] not in ROLES or not parts[2].isdigit():
+        if (
+            len(parts) != 3
+            or not parts[0]
+            or parts[1] not in ROLES
+            or not (parts[2].isascii() and parts[2].isdigit())
+        ):
             return None
         return cls(job=parts[0], role=parts[1], index=int(parts[2]))
 

@@ -84,7 +84,14 @@ def test_a_certificate_names_its_task_and_hosts_and_hides_its_key() -> None:
 
 @pytest.mark.parametrize(
     "uri",
-    ["jaxps://j/ps", "jaxps://j/master/0", "jaxps://j/ps/x", "spiffe://j/ps/0", "jaxps:///ps/0"],
+    [
+        "jaxps://j/ps",
+        "jaxps://j/master/0",
+        "jaxps://j/ps/x",
+        "spiffe://j/ps/0",
+        "jaxps:///ps/0",
+        "jaxps://j/ps/²",  # a digit to str.isdigit, not to int()
+    ],
 )
 def test_uris_that_name_no_task_are_refused(uri: str) -> None:
     assert Identity.parse(uri) is None

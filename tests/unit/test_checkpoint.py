@@ -72,9 +72,14 @@ def test_prune_keeps_the_newest_and_removes_uncommitted_shard_directories(
         checkpoint.step_dir(tmp_path, step).mkdir()
         checkpoint.commit(tmp_path, _manifest(step))
     checkpoint.step_dir(tmp_path, 200).mkdir()  # a checkpoint whose manifest never came
+    (tmp_path / "step-²").mkdir()  # not ours: a digit to str.isdigit, not to int()
     checkpoint.prune(tmp_path, keep=2)
     assert [m.step for m in checkpoint.committed(tmp_path)] == [150, 100]
-    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000000100", "step-000000150"]
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == [
+        "step-000000100",
+        "step-000000150",
+        "step-²",
+    ]
 
 
 def test_another_placement_is_refused_naming_what_differs() -> None:

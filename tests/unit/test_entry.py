@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from jaxps_runtime import __main__ as main
+from jaxps_runtime import cluster
 
 
 @pytest.mark.parametrize(("value", "level"), [("debug", "DEBUG"), ("Warning", "WARNING")])
@@ -28,4 +29,10 @@ def test_a_bad_log_level_in_the_environment_is_a_usage_error_naming_it(
     )
     assert main.main([]) == main.EXIT_USAGE
     err = capsys.readouterr().err
-    assert "JAXPS_LOG_LEVEL: got 'LOUD'; expected one of DEBUG, INFO, WARNING, ERROR" in err
+    assert 'JAXPS_LOG_LEVEL: got "LOUD"; expected one of DEBUG, INFO, WARNING, ERROR' in err
+
+
+@pytest.mark.parametrize("port", ["abc", "70000", "-1", "²", "8080x"])
+def test_a_bad_metrics_port_is_a_usage_error_naming_it(port: str) -> None:
+    with pytest.raises(cluster.ClusterSpecError, match="JAXPS_METRICS_PORT: got"):
+        main._metrics_port({"JAXPS_METRICS_PORT": port})

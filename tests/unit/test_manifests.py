@@ -4,6 +4,7 @@ each with a message naming its field, the value and what is allowed."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -231,3 +232,23 @@ def test_tensorboard_gets_its_default_flush_and_the_runtime_accepts_it() -> None
     job = schema.validate(change("spec.training.tensorboard", {"dir": "/tb"}))
     assert job["spec"]["training"]["tensorboard"] == {"dir": "/tb", "flushSeconds": 5}
     assert schema.training_problems(job) == []
+
+
+def test_loading_refuses_a_template_value_the_runtime_would_refuse() -> None:
+    manifest = change(
+        "spec.replicaSpecs.ps.template",
+        {
+            "spec": {
+                "containers": [
+                    {"name": "jaxps", "env": [{"name": "JAXPS_PS_XLA_THREADS", "value": "²"}]}
+                ]
+            }
+        },
+    )
+    with pytest.raises(schema.InvalidManifestError) as caught:
+        schema.load(json.dumps(manifest))
+    [problem] = caught.value.problems
+    assert problem.path == "spec.replicaSpecs.ps.template.spec.containers[0].env[0].value"
+    assert problem.message.startswith(
+        'JAXPS_PS_XLA_THREADS: got "\\u00b2"; expected a thread count'
+    )

@@ -366,6 +366,55 @@ def test_a_misspelt_training_fails_the_job_before_any_pod_naming_every_field() -
     assert result.status["restarts"] == 0
 
 
+def with_env(j: dict[str, Any], role: str, env: list[dict[str, Any]]) -> dict[str, Any]:
+    j["spec"]["replicaSpecs"][role]["template"] = {
+        "spec": {"containers": [{"name": "jaxps", "env": env}]}
+    }
+    return j
+
+
+def test_a_template_setting_a_value_the_runtime_refuses_fails_the_job_before_any_pod() -> None:
+    j = with_env(
+        with_env(job(), "worker", [{"name": "JAXPS_LOG_LEVEL", "value": "LOUD"}]),
+        "ps",
+        [{"name": "OTHER", "value": "x"}, {"name": "JAXPS_PS_XLA_THREADS", "value": "0"}],
+    )
+    result = step(j, [], service_exists=False)
+    assert result.create == []
+    failed = cond(result.status, "Failed")
+    assert failed is not None
+    assert failed["reason"] == "InvalidTemplate"
+    assert (
+        "spec.replicaSpecs.worker.template.spec.containers[0].env[0].value: JAXPS_LOG_LEVEL: "
+        'got "LOUD"; expected one of DEBUG, INFO, WARNING, ERROR' in failed["message"]
+    )
+    assert (
+        "spec.replicaSpecs.ps.template.spec.containers[0].env[1].value: JAXPS_PS_XLA_THREADS: "
+        'got "0"' in failed["message"]
+    )
+
+
+def test_template_settings_the_runtime_takes_start_the_pods() -> None:
+    j = with_env(
+        with_env(job(), "worker", [{"name": "JAXPS_LOG_LEVEL", "value": "debug"}]),
+        "ps",
+        [
+            {"name": "JAXPS_PS_XLA_THREADS", "value": "2"},
+            {
+                "name": "JAXPS_LOG_LEVEL",
+                "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}},
+            },
+        ],
+    )
+    # a worker does not read JAXPS_PS_XLA_THREADS: nothing to refuse there
+    j["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["env"].append(
+        {"name": "JAXPS_PS_XLA_THREADS", "value": "many"}
+    )
+    result = step(j, [], service_exists=False)
+    assert cond(result.status, "Failed") is None
+    assert len([o for o in result.create if o["kind"] == "Pod"]) == 3
+
+
 @pytest.mark.parametrize("policy", ["OnFailure", "Always", "ExitCode"])
 def test_a_task_that_refuses_its_training_fails_the_job_at_once_whatever_the_policy(
     policy: str,

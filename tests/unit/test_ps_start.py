@@ -5,6 +5,7 @@ replacement finds it."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -168,9 +169,12 @@ def test_a_ps_updates_single_threaded_by_default_and_keeps_the_users_xla_flags()
     assert "XLA_FLAGS" not in more  # XLA's own multi-threaded pool
 
 
-@pytest.mark.parametrize("threads", ["0", "-1", "two", ""])
+@pytest.mark.parametrize("threads", ["0", "-1", "two", "", "²", "1.5"])
 def test_a_bad_ps_thread_count_is_refused_naming_the_variable(threads: str) -> None:
-    with pytest.raises(cluster.ClusterSpecError, match=f"JAXPS_PS_XLA_THREADS: got {threads!r}"):
+    with pytest.raises(
+        cluster.ClusterSpecError,
+        match=re.escape(f"JAXPS_PS_XLA_THREADS: got {json.dumps(threads)}"),
+    ):
         main._ps_xla_threads({"JAXPS_PS_XLA_THREADS": threads})
 
 
