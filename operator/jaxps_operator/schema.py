@@ -254,12 +254,15 @@ def setting_problems(job: Mapping[str, Any]) -> list[Problem]:
     A value from `valueFrom` is only known in the pod, which checks it itself (exit 2)."""
     from jaxps_runtime import cluster  # noqa: PLC0415 - only where templates are checked
 
+    def field(node: Any, key: str) -> Any:
+        return node.get(key) if isinstance(node, Mapping) else None
+
     out = []
     for role, spec in sorted((job["spec"].get("replicaSpecs") or {}).items()):
-        template_spec = ((spec or {}).get("template") or {}).get("spec") or {}
-        containers = template_spec.get("containers") or [{}]
-        for i, var in enumerate(containers[0].get("env") or []):
-            name, value = var.get("name"), var.get("value")
+        containers = field(field(field(spec, "template"), "spec"), "containers")
+        env = field(containers[0], "env") if isinstance(containers, list) and containers else None
+        for i, var in enumerate(env if isinstance(env, list) else []):
+            name, value = field(var, "name"), field(var, "value")
             if not isinstance(name, str) or not isinstance(value, str):
                 continue
             problem = cluster.setting_problem(name, value, task_type=role)
