@@ -33,7 +33,7 @@ import numpy as np
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import rpc, stopping, streams
+from jaxps_runtime import bulk, rpc, stopping, streams
 from jaxps_runtime.checkpoint import merged_cursors
 from jaxps_runtime.config import OptimizerConfig
 from jaxps_runtime.credentials import TaskCredentials
@@ -89,7 +89,9 @@ class PsClient:
         chunk_bytes: int = streams.CHUNK_BYTES,
         stop: stopping.Stop | None = None,
         credentials: TaskCredentials | None = None,
+        use_bulk: bool = True,
     ) -> None:
+        """`use_bulk=False` keeps every call on gRPC (see `bulk`)."""
         if len(addresses) != placement.num_ps:
             raise ValueError(
                 f"placement is for {placement.num_ps} ps tasks, got {len(addresses)} addresses"
@@ -103,6 +105,7 @@ class PsClient:
         self._chunk_bytes = chunk_bytes
         self._channels = [rpc.channel(a, credentials) for a in addresses]
         self._calls = [rpc.PARAMETER_SERVER.callables(ch) for ch in self._channels]
+        self._bulk = [bulk.Peer(a, credentials, enabled=use_bulk) for a in addresses]
         self._pool = ThreadPoolExecutor(len(addresses), thread_name_prefix=f"{task}-ps")
         self._shards = [placement.shards_on(i) for i in range(len(addresses))]
         self._variables = {v.name: v for v in placement.variables}
@@ -158,6 +161,8 @@ class PsClient:
         with self._pushes:
             self._cancelled = True
             self._pushes.wait_for(lambda: self._pushing == 0, timeout=stopping.PUSH_GRACE_SECONDS)
+        for peer in self._bulk:
+            peer.close()
         for channel in self._channels:
             channel.close()
 
@@ -236,6 +241,7 @@ class PsClient:
                 request, timeout=timeout, wait_for_ready=wait_for_ready
             ),
         )
+        self._bulk[ps].learn(reply.bulk_port)
         return reply
 
     def wait_reachable(self, *, timeout: float, log_every: float = 5.0) -> list[ps_pb2.StatusReply]:
@@ -463,6 +469,7 @@ class PsClient:
                         request=request,
                         reply_bytes=sum(s.nbytes for s in expect),
                         chunk_bytes=self._chunk_bytes,
+                        bulk_peer=self._bulk_peer(ps),
                     ),
                     expect=expect,
                     into=[self._shard_view(out[s.variable.name], s) for s in shards],
@@ -529,6 +536,7 @@ class PsClient:
                         buffers=buffers,
                         reply_bytes=sum(s.nbytes for s in expect),
                         chunk_bytes=self._chunk_bytes,
+                        bulk_peer=self._bulk_peer(ps),
                     ),
                     expect=expect,
                     into=[self._shard_view(out[s.variable.name], s) for s in shards if out],
@@ -611,15 +619,20 @@ class PsClient:
         first ones into `into`, the rest as they come)."""
 
         def read() -> tuple[tensor_pb2.FrameHeader, list[np.ndarray]]:
-            header, assembler, fill = streams.receive(
-                start(),
-                into=[*into, *[None] * (len(expect) - len(into))],
-                where=method,
-                expect=expect,
-            )
-            self._seen(ps, header.id)
-            for _ in fill:
-                pass
+            stream = start()
+            try:
+                header, assembler, fill = streams.receive(
+                    stream,
+                    into=[*into, *[None] * (len(expect) - len(into))],
+                    where=method,
+                    expect=expect,
+                )
+                self._seen(ps, header.id)
+                for _ in fill:
+                    pass
+            finally:
+                if isinstance(stream, streams.Direct):
+                    stream.close()  # its connection goes back to the pool, or is closed
             missing = assembler.missing()
             if missing:
                 raise streams.StreamError(f"{method}: stream ended before {', '.join(missing)}")
@@ -692,9 +705,20 @@ class PsClient:
             view = streams.byte_view(arrays[shard.variable.name])
             yield view[shard.byte_offset : shard.byte_offset + shard.nbytes]
 
+    def _bulk_peer(self, ps: int) -> bulk.Peer:
+        """The bulk path to `ps`; its port asked for again (Status) when it was lost, as when
+        the ps restarted, at most every few seconds. Until then calls go over gRPC."""
+        peer = self._bulk[ps]
+        if peer.wants_port():
+            with contextlib.suppress(PsClientError):
+                self.status(ps, timeout=5)
+        return peer
+
     def close(self) -> None:
         self._unregister()
         self._pool.shutdown(wait=True)
+        for peer in self._bulk:
+            peer.close()
         for ch in self._channels:
             ch.close()
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import ssl
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +110,25 @@ class TaskCredentials:
         fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as out:
             out.write(self.key)
+
+    def ssl_context(self, *, server: bool) -> ssl.SSLContext:
+        """Mutual TLS with Python's ssl module, as gRPC does it (`rpc`) for the bulk path:
+        the peer must present a certificate of the job's CA; a client also checks that the
+        server's certificate names the host it dialled. ssl loads a key only from a file: it
+        is written to a private temporary directory and removed at once."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cadata=self.ca.decode("ascii"))
+        with tempfile.TemporaryDirectory(prefix="jaxps-tls-") as tmp:  # mode 0700
+            cert = Path(tmp) / CERT_FILE
+            cert.write_bytes(self.cert)
+            key = Path(tmp) / KEY_FILE
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(self.key)
+            context.load_cert_chain(cert, key)
+        return context
 
     @classmethod
     def load(cls, directory: Path) -> TaskCredentials:

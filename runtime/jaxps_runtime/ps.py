@@ -62,6 +62,7 @@ class ParameterServicer:
         self.store = store
         self._on_shutdown = on_shutdown
         self._shutdown_once = threading.Lock()
+        self.bulk_port = 0  # the port of this ps's bulk path (`bulk.BulkServer`), once it has one
 
     # --- control ----------------------------------------------------------------------------
 
@@ -82,6 +83,7 @@ class ParameterServicer:
             mode=store.mode.kind,
             awaiting=store.policy.awaiting(),
             cursors=store.cursors(),
+            bulk_port=self.bulk_port,
         )
 
     @_guarded
@@ -273,7 +275,9 @@ class ParameterServicer:
         return self._reply(tensor_pb2.FrameHeader(step=step, tensors=tensors), arrays)
 
     @_guarded
-    def Update(self, frames: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+    def Update(
+        self, frames: Iterator[bytes] | streams.Direct, context: grpc.ServicerContext
+    ) -> Any:
         """Checks the whole header first (a refusal changes nothing), then applies each tensor
         as soon as its bytes are in (async; sync sums the dense ones and counts the push once
         all are in; gradient rows are applied on arrival in every mode, Hogwild-style)."""

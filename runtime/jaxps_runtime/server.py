@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from jaxps_runtime import cluster, rpc, stopping
+from jaxps_runtime import bulk, cluster, rpc, stopping
 from jaxps_runtime.credentials import TaskCredentials
 
 if TYPE_CHECKING:
@@ -132,6 +132,8 @@ class PsServer:
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         where = bind_address(address, override=bind)
+        self._where, self._credentials, self._chief = where, credentials, chief
+        self.bulk: bulk.BulkServer | None = None  # once loaded
         try:
             self.port = rpc.add_port(self._server, where, credentials)
         except RuntimeError as err:
@@ -152,15 +154,28 @@ class PsServer:
         from jaxps_runtime.ps import ParameterServicer  # noqa: PLC0415
         from jaxps_runtime.shards import ParameterStore  # noqa: PLC0415
 
-        self.store = ParameterStore(job_id=self.job_id, task=self.task)
-        self._loading.serve(ParameterServicer(self.store, on_shutdown=self.stop))
+        self.store = store = ParameterStore(job_id=self.job_id, task=self.task)
+        servicer = ParameterServicer(store, on_shutdown=self.stop)
+        self.bulk = bulk.BulkServer(
+            servicer,
+            host=bulk.split_host(self._where),
+            task=self.task,
+            job=self.job_id,
+            chief=self._chief,
+            credentials=self._credentials,
+            on_call=lambda: store.counters.add("bulk_calls"),
+        )
+        self.bulk.start()
+        servicer.bulk_port = self.bulk.port
+        self._loading.serve(servicer)
         for service in HEALTH_SERVICES:
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info(
-            "%s: serving %s on port %d (loaded in %.2f s)",
+            "%s: serving %s on port %d, its bulk path on port %d (loaded in %.2f s)",
             self.task,
             rpc.PARAMETER_SERVER.full_name,
             self.port,
+            self.bulk.port,
             time.monotonic() - started,
         )
 
@@ -183,6 +198,8 @@ class PsServer:
         self.health.enter_graceful_shutdown()
         if store is not None:
             store.shutdown()
+        if self.bulk is not None:
+            self.bulk.close()
         self._server.stop(GRACE_SECONDS).wait()
         if store is not None:
             store.close()

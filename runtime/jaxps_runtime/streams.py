@@ -2,9 +2,10 @@
 
 A stream is packed (`pack`: one frame carries every byte) or streamed (`frames`: ~1 MiB
 windows); the transport (`rpc.call`) chooses by size and both forms read the same way
-(`receive`, `Assembler`). Windows arrive in order and end exactly at the tensors' end; anything
-else is a `StreamError` naming what was wrong, so a bad peer gets INVALID_ARGUMENT and nothing
-half-written is used.
+(`receive`, `Assembler`). A `Direct` stream (the bulk path, `bulk`) has its header already
+decoded and reads each tensor's bytes straight into its array. Windows arrive in order and end
+exactly at the tensors' end; anything else is a `StreamError` naming what was wrong, so a bad
+peer gets INVALID_ARGUMENT and nothing half-written is used.
 
 Not thread-safe: one `Assembler` per stream.
 """
@@ -167,6 +168,20 @@ def read_header(raw_frames: Iterator[bytes]) -> tuple[tensor_pb2.FrameHeader, co
     return first.frame.header, first
 
 
+class Direct:
+    """A stream whose header is decoded and whose `nbytes` bytes of tensors are read in order
+    into given buffers (`readinto` fills the whole view or raises): no frame and no copy."""
+
+    header: tensor_pb2.FrameHeader
+    nbytes: int
+
+    def readinto(self, view: memoryview) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Done reading (its reader may reuse what carried it)."""
+
+
 class Assembler:
     """Puts a stream's windows back into whole tensors, in place into given buffers or into new
     ones (`allocate`, or `empty`); with neither `into` nor `allocate`, a tensor that one frame
@@ -217,6 +232,24 @@ class Assembler:
         self.bytes = end
         return range(first, self._next)
 
+    def read_from(self, source: Direct) -> Iterator[range]:
+        """Reads every tensor of a `Direct` stream into its array, yielding each one done."""
+        if source.nbytes != self.total:
+            raise StreamError(
+                f"the stream carries {source.nbytes} bytes; the header's {len(self.specs)} "
+                f"tensors hold {self.total}"
+            )
+        for i, spec in enumerate(self.specs):
+            out = self._arrays[i]
+            if out is None:
+                out = self._allocate(spec) if self._allocate else empty(spec.shape, spec.dtype)
+                self._arrays[i] = out
+            if spec.nbytes:
+                source.readinto(out.reshape(-1).view(np.uint8).data)
+            self.bytes += spec.nbytes
+            self._next = i + 1
+            yield range(i, i + 1)
+
     def _copy(self, index: int, window: memoryview, *, at: int) -> None:
         spec, out = self.specs[index], self._arrays[index]
         if out is None and len(window) == spec.nbytes and self._allocate is None:
@@ -244,7 +277,7 @@ class Assembler:
 
 
 def receive(
-    raw_frames: Iterator[bytes],
+    raw_frames: Iterator[bytes] | Direct,
     *,
     into: Sequence[np.ndarray | None] | None = None,
     allocate: Callable[[Spec], np.ndarray] | None = None,
@@ -254,7 +287,10 @@ def receive(
     """Starts reading a stream: its header, the assembler of its tensors (checked against
     `expect` when given) and an iterator over the frames that fills it, yielding the tensors
     each frame completed. The caller drains the iterator, then checks `missing()`."""
-    header, first = read_header(raw_frames)
+    if isinstance(raw_frames, Direct):
+        header, first = raw_frames.header, None
+    else:
+        header, first = read_header(raw_frames)
     specs = [
         Spec.from_proto(t, where=f"{where}.tensors[{i}]") for i, t in enumerate(header.tensors)
     ]
@@ -266,6 +302,10 @@ def receive(
     assembler = Assembler(specs, into=into, allocate=allocate)
 
     def fill() -> Iterator[range]:
+        if isinstance(raw_frames, Direct):
+            yield from assembler.read_from(raw_frames)
+            return
+        assert first is not None
         yield assembler.add(first)
         for decoded in decode_all(raw_frames):
             yield assembler.add(decoded)

@@ -232,12 +232,17 @@ def test_pull_waits_for_a_minimum_step(two_ps: launch.LocalPs) -> None:
     chief.close()
 
 
-@pytest.mark.parametrize("framing", ["packed", "streamed"])
+def _bulk_calls(client: PsClient) -> float:
+    """The calls the ps tasks served on their bulk path, so far."""
+    return sum(r.counters.get("bulk_calls", 0) for r in client.statuses())
+
+
+@pytest.mark.parametrize("framing", ["packed", "streamed", "bulk"])
 def test_an_update_can_bring_back_the_new_values(two_ps: launch.LocalPs, framing: str) -> None:
     tree = {"w": np.arange(600, dtype=np.float32), "b": np.zeros(3, np.float32)}
     chief, params = _init(two_ps, tree, min_shard_bytes=8)
     assert {s.ps for s in chief.placement.shards} == {0, 1}
-    if framing == "streamed":  # every call's bytes exceed one 64-byte chunk: frames of 64
+    if framing != "packed":  # every call's bytes exceed one 64-byte chunk: frames of 64 (grpc)
         epoch = chief.epoch
         chief.close()
         chief = PsClient(
@@ -246,8 +251,10 @@ def test_an_update_can_bring_back_the_new_values(two_ps: launch.LocalPs, framing
             job_id=JOB_ID,
             task="chief-0",
             chunk_bytes=64,
+            use_bulk=framing == "bulk",
         )
         chief.epoch = epoch
+    bulk_before = _bulk_calls(chief)
     grads = {n: np.full(np.shape(v), 2, np.float32) for n, v in params.items()}
     into = {n: np.full(np.shape(v), np.nan, np.float32) for n, v in params.items()}
     step, pulled, replies = chief.update(grads, step=0, then_read=True, into=into)
@@ -261,6 +268,8 @@ def test_an_update_can_bring_back_the_new_values(two_ps: launch.LocalPs, framing
     step, values = chief.read()
     assert step == 2
     assert np.array_equal(values["['w']"], np.arange(600, dtype=np.float32) - 4)
+    bulk_calls = _bulk_calls(chief) - bulk_before
+    assert bulk_calls == (8 if framing == "bulk" else 0)  # 4 calls to each ps
     chief.close()
 
 

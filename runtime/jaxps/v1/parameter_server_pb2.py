@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from jaxps.v1 import tensor_pb2 as jaxps_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fjaxps/v1/parameter_server.proto\x12\x08jaxps.v1\x1a\x15jaxps/v1/tensor.proto\"/\n\rStatusRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\"\x9c\x03\n\x0bStatusReply\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.jaxps.v1.PsState\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12%\n\x07tensors\x18\x04 \x03(\x0b\x32\x14.jaxps.v1.TensorSpec\x12\x35\n\x08\x63ounters\x18\x05 \x03(\x0b\x32#.jaxps.v1.StatusReply.CountersEntry\x12\x11\n\toptimizer\x18\x06 \x01(\t\x12$\n\x04mode\x18\x07 \x01(\x0e\x32\x16.jaxps.v1.TrainingMode\x12\x10\n\x08\x61waiting\x18\x08 \x01(\x05\x12\x33\n\x07\x63ursors\x18\t \x03(\x0b\x32\".jaxps.v1.StatusReply.CursorsEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a.\n\x0c\x43ursorsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xf5\x01\n\x0bInitRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12%\n\x07tensors\x18\x02 \x03(\x0b\x32\x14.jaxps.v1.TensorSpec\x12\x11\n\toptimizer\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12$\n\x04mode\x18\x05 \x01(\x0e\x32\x16.jaxps.v1.TrainingMode\x12\x1d\n\x15replicas_to_aggregate\x18\x06 \x01(\x05\x12\x15\n\rmax_staleness\x18\x07 \x01(\x05\x12\x11\n\tlast_step\x18\x08 \x01(\x03\x12\x0f\n\x07workers\x18\t \x03(\t\"D\n\x11SetWorkersRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x0f\n\x07workers\x18\x02 \x03(\t\"`\n\x0b\x41ssignReply\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.jaxps.v1.PsState\x12\x0f\n\x07missing\x18\x03 \x03(\t\"z\n\x0bReadRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\r\n\x05names\x18\x02 \x03(\t\x12*\n\nselections\x18\x03 \x03(\x0b\x32\x16.jaxps.v1.RowSelection\x12\x10\n\x08min_step\x18\x04 \x01(\x03\"*\n\x0cRowSelection\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\x0c\"N\n\x0bSaveRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x11\n\tdirectory\x18\x03 \x01(\t\"\xc4\x01\n\x0eRestoreRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0c\n\x04\x66ile\x18\x03 \x01(\t\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\x36\n\x07\x63ursors\x18\x05 \x03(\x0b\x32%.jaxps.v1.RestoreRequest.CursorsEntry\x1a.\n\x0c\x43ursorsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xd5\x01\n\x0f\x43heckpointReply\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0c\n\x04\x66ile\x18\x03 \x01(\t\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\x12\x37\n\x07\x63ursors\x18\x06 \x03(\x0b\x32&.jaxps.v1.CheckpointReply.CursorsEntry\x1a.\n\x0c\x43ursorsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"A\n\x0fShutdownRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x0e\n\x06reason\x18\x02 \x01(\t\"=\n\rShutdownReply\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x0c\n\x04step\x18\x02 \x01(\x03*c\n\x07PsState\x12\x18\n\x14PS_STATE_UNSPECIFIED\x10\x00\x12\x11\n\rUNINITIALIZED\x10\x01\x12\r\n\tASSIGNING\x10\x02\x12\t\n\x05READY\x10\x03\x12\x11\n\rSHUTTING_DOWN\x10\x04*Y\n\x0cTrainingMode\x12\x1d\n\x19TRAINING_MODE_UNSPECIFIED\x10\x00\x12\t\n\x05\x41SYNC\x10\x01\x12\x08\n\x04SYNC\x10\x02\x12\x15\n\x11\x42OUNDED_STALENESS\x10\x03\x32\x93\x04\n\x0fParameterServer\x12\x38\n\x06Status\x12\x17.jaxps.v1.StatusRequest\x1a\x15.jaxps.v1.StatusReply\x12\x34\n\x04Init\x12\x15.jaxps.v1.InitRequest\x1a\x15.jaxps.v1.StatusReply\x12\x32\n\x06\x41ssign\x12\x0f.jaxps.v1.Frame\x1a\x15.jaxps.v1.AssignReply(\x01\x12\x30\n\x04Read\x12\x15.jaxps.v1.ReadRequest\x1a\x0f.jaxps.v1.Frame0\x01\x12.\n\x06Update\x12\x0f.jaxps.v1.Frame\x1a\x0f.jaxps.v1.Frame(\x01\x30\x01\x12\x38\n\x04Save\x12\x15.jaxps.v1.SaveRequest\x1a\x19.jaxps.v1.CheckpointReply\x12>\n\x07Restore\x12\x18.jaxps.v1.RestoreRequest\x1a\x19.jaxps.v1.CheckpointReply\x12>\n\x08Shutdown\x12\x19.jaxps.v1.ShutdownRequest\x1a\x17.jaxps.v1.ShutdownReply\x12@\n\nSetWorkers\x12\x1b.jaxps.v1.SetWorkersRequest\x1a\x15.jaxps.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fjaxps/v1/parameter_server.proto\x12\x08jaxps.v1\x1a\x15jaxps/v1/tensor.proto\"/\n\rStatusRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\"\xaf\x03\n\x0bStatusReply\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.jaxps.v1.PsState\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12%\n\x07tensors\x18\x04 \x03(\x0b\x32\x14.jaxps.v1.TensorSpec\x12\x35\n\x08\x63ounters\x18\x05 \x03(\x0b\x32#.jaxps.v1.StatusReply.CountersEntry\x12\x11\n\toptimizer\x18\x06 \x01(\t\x12$\n\x04mode\x18\x07 \x01(\x0e\x32\x16.jaxps.v1.TrainingMode\x12\x10\n\x08\x61waiting\x18\x08 \x01(\x05\x12\x33\n\x07\x63ursors\x18\t \x03(\x0b\x32\".jaxps.v1.StatusReply.CursorsEntry\x12\x11\n\tbulk_port\x18\n \x01(\x05\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a.\n\x0c\x43ursorsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xf5\x01\n\x0bInitRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12%\n\x07tensors\x18\x02 \x03(\x0b\x32\x14.jaxps.v1.TensorSpec\x12\x11\n\toptimizer\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12$\n\x04mode\x18\x05 \x01(\x0e\x32\x16.jaxps.v1.TrainingMode\x12\x1d\n\x15replicas_to_aggregate\x18\x06 \x01(\x05\x12\x15\n\rmax_staleness\x18\x07 \x01(\x05\x12\x11\n\tlast_step\x18\x08 \x01(\x03\x12\x0f\n\x07workers\x18\t \x03(\t\"D\n\x11SetWorkersRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x0f\n\x07workers\x18\x02 \x03(\t\"`\n\x0b\x41ssignReply\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.jaxps.v1.PsState\x12\x0f\n\x07missing\x18\x03 \x03(\t\"z\n\x0bReadRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\r\n\x05names\x18\x02 \x03(\t\x12*\n\nselections\x18\x03 \x03(\x0b\x32\x16.jaxps.v1.RowSelection\x12\x10\n\x08min_step\x18\x04 \x01(\x03\"*\n\x0cRowSelection\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\x0c\"N\n\x0bSaveRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x11\n\tdirectory\x18\x03 \x01(\t\"\xc4\x01\n\x0eRestoreRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0c\n\x04\x66ile\x18\x03 \x01(\t\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\x36\n\x07\x63ursors\x18\x05 \x03(\x0b\x32%.jaxps.v1.RestoreRequest.CursorsEntry\x1a.\n\x0c\x43ursorsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xd5\x01\n\x0f\x43heckpointReply\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0c\n\x04\x66ile\x18\x03 \x01(\t\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\r\n\x05\x62ytes\x18\x05 \x01(\x03\x12\x37\n\x07\x63ursors\x18\x06 \x03(\x0b\x32&.jaxps.v1.CheckpointReply.CursorsEntry\x1a.\n\x0c\x43ursorsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"A\n\x0fShutdownRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x0e\n\x06reason\x18\x02 \x01(\t\"=\n\rShutdownReply\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x0c\n\x04step\x18\x02 \x01(\x03*c\n\x07PsState\x12\x18\n\x14PS_STATE_UNSPECIFIED\x10\x00\x12\x11\n\rUNINITIALIZED\x10\x01\x12\r\n\tASSIGNING\x10\x02\x12\t\n\x05READY\x10\x03\x12\x11\n\rSHUTTING_DOWN\x10\x04*Y\n\x0cTrainingMode\x12\x1d\n\x19TRAINING_MODE_UNSPECIFIED\x10\x00\x12\t\n\x05\x41SYNC\x10\x01\x12\x08\n\x04SYNC\x10\x02\x12\x15\n\x11\x42OUNDED_STALENESS\x10\x03\x32\x93\x04\n\x0fParameterServer\x12\x38\n\x06Status\x12\x17.jaxps.v1.StatusRequest\x1a\x15.jaxps.v1.StatusReply\x12\x34\n\x04Init\x12\x15.jaxps.v1.InitRequest\x1a\x15.jaxps.v1.StatusReply\x12\x32\n\x06\x41ssign\x12\x0f.jaxps.v1.Frame\x1a\x15.jaxps.v1.AssignReply(\x01\x12\x30\n\x04Read\x12\x15.jaxps.v1.ReadRequest\x1a\x0f.jaxps.v1.Frame0\x01\x12.\n\x06Update\x12\x0f.jaxps.v1.Frame\x1a\x0f.jaxps.v1.Frame(\x01\x30\x01\x12\x38\n\x04Save\x12\x15.jaxps.v1.SaveRequest\x1a\x19.jaxps.v1.CheckpointReply\x12>\n\x07Restore\x12\x18.jaxps.v1.RestoreRequest\x1a\x19.jaxps.v1.CheckpointReply\x12>\n\x08Shutdown\x12\x19.jaxps.v1.ShutdownRequest\x1a\x17.jaxps.v1.ShutdownReply\x12@\n\nSetWorkers\x12\x1b.jaxps.v1.SetWorkersRequest\x1a\x15.jaxps.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,42 +40,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESTOREREQUEST_CURSORSENTRY']._serialized_options = b'8\001'
   _globals['_CHECKPOINTREPLY_CURSORSENTRY']._loaded_options = None
   _globals['_CHECKPOINTREPLY_CURSORSENTRY']._serialized_options = b'8\001'
-  _globals['_PSSTATE']._serialized_start=1741
-  _globals['_PSSTATE']._serialized_end=1840
-  _globals['_TRAININGMODE']._serialized_start=1842
-  _globals['_TRAININGMODE']._serialized_end=1931
+  _globals['_PSSTATE']._serialized_start=1760
+  _globals['_PSSTATE']._serialized_end=1859
+  _globals['_TRAININGMODE']._serialized_start=1861
+  _globals['_TRAININGMODE']._serialized_end=1950
   _globals['_STATUSREQUEST']._serialized_start=68
   _globals['_STATUSREQUEST']._serialized_end=115
   _globals['_STATUSREPLY']._serialized_start=118
-  _globals['_STATUSREPLY']._serialized_end=530
-  _globals['_STATUSREPLY_COUNTERSENTRY']._serialized_start=435
-  _globals['_STATUSREPLY_COUNTERSENTRY']._serialized_end=482
-  _globals['_STATUSREPLY_CURSORSENTRY']._serialized_start=484
-  _globals['_STATUSREPLY_CURSORSENTRY']._serialized_end=530
-  _globals['_INITREQUEST']._serialized_start=533
-  _globals['_INITREQUEST']._serialized_end=778
-  _globals['_SETWORKERSREQUEST']._serialized_start=780
-  _globals['_SETWORKERSREQUEST']._serialized_end=848
-  _globals['_ASSIGNREPLY']._serialized_start=850
-  _globals['_ASSIGNREPLY']._serialized_end=946
-  _globals['_READREQUEST']._serialized_start=948
-  _globals['_READREQUEST']._serialized_end=1070
-  _globals['_ROWSELECTION']._serialized_start=1072
-  _globals['_ROWSELECTION']._serialized_end=1114
-  _globals['_SAVEREQUEST']._serialized_start=1116
-  _globals['_SAVEREQUEST']._serialized_end=1194
-  _globals['_RESTOREREQUEST']._serialized_start=1197
-  _globals['_RESTOREREQUEST']._serialized_end=1393
-  _globals['_RESTOREREQUEST_CURSORSENTRY']._serialized_start=484
-  _globals['_RESTOREREQUEST_CURSORSENTRY']._serialized_end=530
-  _globals['_CHECKPOINTREPLY']._serialized_start=1396
-  _globals['_CHECKPOINTREPLY']._serialized_end=1609
-  _globals['_CHECKPOINTREPLY_CURSORSENTRY']._serialized_start=484
-  _globals['_CHECKPOINTREPLY_CURSORSENTRY']._serialized_end=530
-  _globals['_SHUTDOWNREQUEST']._serialized_start=1611
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1676
-  _globals['_SHUTDOWNREPLY']._serialized_start=1678
-  _globals['_SHUTDOWNREPLY']._serialized_end=1739
-  _globals['_PARAMETERSERVER']._serialized_start=1934
-  _globals['_PARAMETERSERVER']._serialized_end=2465
+  _globals['_STATUSREPLY']._serialized_end=549
+  _globals['_STATUSREPLY_COUNTERSENTRY']._serialized_start=454
+  _globals['_STATUSREPLY_COUNTERSENTRY']._serialized_end=501
+  _globals['_STATUSREPLY_CURSORSENTRY']._serialized_start=503
+  _globals['_STATUSREPLY_CURSORSENTRY']._serialized_end=549
+  _globals['_INITREQUEST']._serialized_start=552
+  _globals['_INITREQUEST']._serialized_end=797
+  _globals['_SETWORKERSREQUEST']._serialized_start=799
+  _globals['_SETWORKERSREQUEST']._serialized_end=867
+  _globals['_ASSIGNREPLY']._serialized_start=869
+  _globals['_ASSIGNREPLY']._serialized_end=965
+  _globals['_READREQUEST']._serialized_start=967
+  _globals['_READREQUEST']._serialized_end=1089
+  _globals['_ROWSELECTION']._serialized_start=1091
+  _globals['_ROWSELECTION']._serialized_end=1133
+  _globals['_SAVEREQUEST']._serialized_start=1135
+  _globals['_SAVEREQUEST']._serialized_end=1213
+  _globals['_RESTOREREQUEST']._serialized_start=1216
+  _globals['_RESTOREREQUEST']._serialized_end=1412
+  _globals['_RESTOREREQUEST_CURSORSENTRY']._serialized_start=503
+  _globals['_RESTOREREQUEST_CURSORSENTRY']._serialized_end=549
+  _globals['_CHECKPOINTREPLY']._serialized_start=1415
+  _globals['_CHECKPOINTREPLY']._serialized_end=1628
+  _globals['_CHECKPOINTREPLY_CURSORSENTRY']._serialized_start=503
+  _globals['_CHECKPOINTREPLY_CURSORSENTRY']._serialized_end=549
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1630
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1695
+  _globals['_SHUTDOWNREPLY']._serialized_start=1697
+  _globals['_SHUTDOWNREPLY']._serialized_end=1758
+  _globals['_PARAMETERSERVER']._serialized_start=1953
+  _globals['_PARAMETERSERVER']._serialized_end=2484
 # @@protoc_insertion_point(module_scope)

@@ -39,7 +39,7 @@ class StatusRequest(_message.Message):
     def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("id", "state", "step", "tensors", "counters", "optimizer", "mode", "awaiting", "cursors")
+    __slots__ = ("id", "state", "step", "tensors", "counters", "optimizer", "mode", "awaiting", "cursors", "bulk_port")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class StatusReply(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     AWAITING_FIELD_NUMBER: _ClassVar[int]
     CURSORS_FIELD_NUMBER: _ClassVar[int]
+    BULK_PORT_FIELD_NUMBER: _ClassVar[int]
     id: _tensor_pb2.Identity
     state: PsState
     step: int
@@ -72,7 +73,8 @@ class StatusReply(_message.Message):
     mode: TrainingMode
     awaiting: int
     cursors: _containers.ScalarMap[str, int]
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., state: _Optional[_Union[PsState, str]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., counters: _Optional[_Mapping[str, float]] = ..., optimizer: _Optional[str] = ..., mode: _Optional[_Union[TrainingMode, str]] = ..., awaiting: _Optional[int] = ..., cursors: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    bulk_port: int
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., state: _Optional[_Union[PsState, str]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., counters: _Optional[_Mapping[str, float]] = ..., optimizer: _Optional[str] = ..., mode: _Optional[_Union[TrainingMode, str]] = ..., awaiting: _Optional[int] = ..., cursors: _Optional[_Mapping[str, int]] = ..., bulk_port: _Optional[int] = ...) -> None: ...
 
 class InitRequest(_message.Message):
     __slots__ = ("id", "tensors", "optimizer", "step", "mode", "replicas_to_aggregate", "max_staleness", "last_step", "workers")

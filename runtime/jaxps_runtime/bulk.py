@@ -1,0 +1,536 @@
+"""The bulk path: the ps's Read and Update of large tensors over a socket, with no user copy.
+
+grpc's Python runtime copies every byte of a message twice on each side (into a slice to send;
+into a `bytes` on receipt, which jaxps then copies into an aligned array), and hands each
+message between threads. Moving 1 GiB over 127.0.0.1 costs about 1.8 CPU-seconds (both ends
+together) with grpc and 0.75 over a socket that sends from the arrays and `recv_into`s them. A
+dense step is CPU-bound on exactly that (bench/profile_step.py --perf: memcpy, grpc and the
+kernel's scheduling are half of all CPU). So the two data calls also travel here: the same
+messages (a `ReadRequest`; a `FrameHeader` and the tensors' bytes), the same
+`ParameterServicer` methods, the same errors; only the framing differs.
+
+    ps:     BulkServer(servicer, host=..., task=..., job=..., chief=..., credentials=...)
+            .port goes out in StatusReply.bulk_port
+    client: Peer(address, credentials); .learn(port) from each StatusReply;
+            rpc.call(..., bulk=peer) uses it for a call whose bytes grpc would stream
+
+A call that cannot use it (no port known, or the connection failed: the port is forgotten until
+the next Status) goes over gRPC, which always works. With the task's credentials the socket is
+mutual TLS against the job's CA (Python's ssl, with the checks gRPC makes: the server's
+certificate names the host dialled, the client's is of the job's CA) and every call is
+authorized by `authz` as its gRPC twin is; in plaintext nobody has an identity, as on gRPC.
+
+Wire format (little-endian; one call at a time on a connection, a connection per call in flight):
+
+    hello, each way:  b"JXB1"
+    request:  u8 method (1 Read, 2 Update) | u32 message bytes | u64 tensor bytes
+              | the ReadRequest or FrameHeader | the tensors' bytes, back to back
+    reply:    u8 grpc status code (0: OK) | u32 message bytes | u64 tensor bytes
+              | the FrameHeader, or on error JSON {"details", "reason"} | the tensors' bytes
+
+A server reads a request's tensor bytes to the end before it replies, also when it refused the
+call, so that neither side blocks writing while the other writes. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import select
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from jaxps.v1 import parameter_server_pb2 as ps_pb2
+from jaxps.v1 import tensor_pb2
+from jaxps_runtime import authz, streams
+from jaxps_runtime.credentials import Identity, TaskCredentials
+
+log = logging.getLogger(__name__)
+
+HELLO = b"JXB1"
+READ, UPDATE = 1, 2
+METHODS = {READ: "Read", UPDATE: "Update"}
+NUMBERS = {name: number for number, name in METHODS.items()}
+PREFIX = struct.Struct("<BIQ")
+MAX_MESSAGE_BYTES = 256 << 20  # a header (row ids included) above this closes the connection
+HANDSHAKE_SECONDS = 10.0
+CONNECT_SECONDS = 5.0
+MAX_CONNECTIONS = 256
+RETRY_PORT_AFTER = 2.0  # seconds between Status calls that ask a ps for its bulk port again
+_HUNG_UP = select.POLLHUP | select.POLLERR | select.POLLRDHUP | select.POLLNVAL
+_STATUS = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class BulkError(grpc.RpcError):  # type: ignore[misc]  # grpc has no type stubs
+    """A call on the bulk path failed; reads like the `grpc.RpcError` of its gRPC twin."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, *, reason: str = "") -> None:
+        super().__init__(f"{code.name}: {details}")
+        self._code, self._details, self._reason = code, details, reason
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        from jaxps_runtime.rpc import REASON_KEY  # noqa: PLC0415 (rpc imports this module)
+
+        return ((REASON_KEY, self._reason),) if self._reason else ()
+
+
+def _recv_exact(conn: socket.socket, view: memoryview) -> None:
+    """Fills `view` from `conn`; EOFError if the peer closed first."""
+    got, total = 0, len(view)
+    while got < total:
+        n = conn.recv_into(view[got:], total - got)
+        if not n:
+            raise EOFError(f"the peer closed the connection after {got} of {total} bytes")
+        got += n
+
+
+def _recv_bytes(conn: socket.socket, size: int) -> bytes:
+    buf = bytearray(size)
+    _recv_exact(conn, memoryview(buf))
+    return bytes(buf)
+
+
+def _send(conn: socket.socket, first: int, message: bytes, buffers: Sequence[memoryview]) -> None:
+    conn.sendall(PREFIX.pack(first, len(message), sum(map(len, buffers))) + message)
+    for buf in buffers:
+        if len(buf):
+            conn.sendall(buf)
+
+
+def _hung_up(conn: socket.socket) -> bool:
+    """Whether the peer closed `conn` (or it failed), without reading from it."""
+    poller = select.poll()
+    poller.register(conn.fileno(), _HUNG_UP)
+    return bool(poller.poll(0))
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    # A peer gone without a FIN (its node lost) is noticed as gRPC's keepalive would.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 30)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 10)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+
+
+def split_host(address: str) -> str:
+    """The host of "host:port" (an IPv6 host without its brackets)."""
+    host = address.rpartition(":")[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+# --- the ps side --------------------------------------------------------------------------
+
+
+class _Abort(Exception):  # noqa: N818 (grpc's word: the call is aborted)
+    def __init__(self, code: grpc.StatusCode, details: str, reason: str) -> None:
+        super().__init__(details)
+        self.code, self.details, self.reason = code, details, reason
+
+
+class _Context:
+    """What the servicer uses of a `grpc.ServicerContext`, for one bulk call."""
+
+    def __init__(self, conn: socket.socket, server: BulkServer) -> None:
+        self._conn, self._server = conn, server
+        self._reason = ""
+
+    def is_active(self) -> bool:
+        return not self._server.closed and not _hung_up(self._conn)
+
+    def set_trailing_metadata(self, metadata: Sequence[tuple[str, str]]) -> None:
+        from jaxps_runtime.rpc import REASON_KEY  # noqa: PLC0415
+
+        self._reason = dict(metadata).get(REASON_KEY, "")
+
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise _Abort(code, details, self._reason)
+
+
+class _Incoming(streams.Direct):
+    """An Update's tensor bytes, read from the connection into the servicer's arrays."""
+
+    def __init__(self, conn: socket.socket, header: tensor_pb2.FrameHeader, nbytes: int) -> None:
+        self._conn = conn
+        self.header, self.nbytes, self.left = header, nbytes, nbytes
+
+    def readinto(self, view: memoryview) -> None:
+        if len(view) > self.left:
+            raise streams.StreamError(f"read past the {self.nbytes} bytes the request carries")
+        _recv_exact(self._conn, view)
+        self.left -= len(view)
+
+    def drain(self) -> None:
+        """Reads what the servicer did not (a refused or failed call), into scratch."""
+        scratch = memoryview(bytearray(min(self.left, 1 << 20)))
+        while self.left:
+            take = min(self.left, len(scratch))
+            _recv_exact(self._conn, scratch[:take])
+            self.left -= take
+
+
+class BulkServer:
+    """Serves the bulk path of one ps: a listener on an ephemeral port of `host`, a thread
+    per connection. `close` ends every connection (calls in flight fail UNAVAILABLE)."""
+
+    def __init__(
+        self,
+        servicer: Any,
+        *,
+        host: str,
+        task: str,
+        job: str,
+        chief: tuple[str, int],
+        credentials: TaskCredentials | None = None,
+        on_call: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._servicer = servicer
+        self._on_call = on_call  # after each call served whole (the ps counts them)
+        self._task, self._job, self._chief = task, job, chief
+        self._tls = credentials.ssl_context(server=True) if credentials else None
+        if host in ("", "::", "0.0.0.0"):  # all interfaces
+            if socket.has_dualstack_ipv6():
+                self._listener = socket.create_server(
+                    ("::", 0), family=socket.AF_INET6, dualstack_ipv6=True, backlog=64
+                )
+            else:
+                self._listener = socket.create_server(("0.0.0.0", 0), backlog=64)
+        else:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            self._listener = socket.create_server((host, 0), family=family, backlog=64)
+        self.port: int = self._listener.getsockname()[1]
+        self.closed = False
+        self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
+        self._threads: set[threading.Thread] = set()
+        self._acceptor = threading.Thread(
+            target=self._accept, name=f"{task}-bulk-accept", daemon=True
+        )
+
+    def start(self) -> None:
+        self._acceptor.start()
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            connections, threads = list(self._connections), list(self._threads)
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
+        self._listener.close()
+        for conn in connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        self._acceptor.join(timeout=5)
+        for thread in threads:
+            thread.join(timeout=5)
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                raw, peer = self._listener.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                if self.closed or len(self._connections) >= MAX_CONNECTIONS:
+                    raw.close()
+                    continue
+                self._connections.add(raw)
+                thread = threading.Thread(
+                    target=self._serve, args=(raw, peer), name=f"{self._task}-bulk", daemon=True
+                )
+                self._threads.add(thread)
+            thread.start()
+
+    def _serve(self, raw: socket.socket, peer: Any) -> None:
+        conn = raw
+        try:
+            _tune(raw)
+            raw.settimeout(HANDSHAKE_SECONDS)
+            if self._tls is not None:
+                conn = self._tls.wrap_socket(raw, server_side=True)
+            if _recv_bytes(conn, len(HELLO)) != HELLO:
+                log.debug("%s: bulk connection from %s did not say hello", self._task, peer)
+                return
+            conn.sendall(HELLO)
+            conn.settimeout(None)
+            caller = self._caller(conn)
+            while not self.closed:
+                self._one(conn, caller)
+        except EOFError:
+            pass  # the client closed its connection (between calls, or it stopped)
+        except (OSError, ValueError) as err:  # ssl.SSLError is an OSError
+            log.debug("%s: bulk connection from %s: %s", self._task, peer, err)
+        finally:
+            with contextlib.suppress(OSError):
+                conn.close()
+            raw.close()
+            with self._lock:
+                self._connections.discard(raw)
+                self._threads.discard(threading.current_thread())
+
+    def _caller(self, conn: socket.socket) -> Identity | None:
+        if not isinstance(conn, ssl.SSLSocket):
+            return None
+        cert = conn.getpeercert() or {}
+        for kind, value in cast(Any, cert.get("subjectAltName", ())):
+            if kind == "URI":
+                found = Identity.parse(value)
+                if found is not None:
+                    return found
+        return None
+
+    def _one(self, conn: socket.socket, caller: Identity | None) -> None:
+        """Serves one call; EOFError when the client closed the connection before it."""
+        prefix = bytearray(PREFIX.size)
+        first = conn.recv_into(prefix, PREFIX.size)
+        if not first:
+            raise EOFError("closed between calls")
+        _recv_exact(conn, memoryview(prefix)[first:])
+        method, size, nbytes = PREFIX.unpack(prefix)
+        if size > MAX_MESSAGE_BYTES:
+            raise ValueError(f"a {size}-byte message; at most {MAX_MESSAGE_BYTES} are read")
+        message = _recv_bytes(conn, size)
+        incoming = _Incoming(conn, tensor_pb2.FrameHeader(), nbytes)
+        try:
+            reply = self._call(conn, method, message, incoming, caller)
+        except _Abort as err:
+            incoming.drain()
+            body = json.dumps({"details": err.details, "reason": err.reason}).encode()
+            _send(conn, err.code.value[0], body, ())
+            return
+        incoming.drain()
+        _send(conn, 0, reply.header.SerializeToString(), reply.buffers)
+        self._on_call()
+
+    def _call(
+        self,
+        conn: socket.socket,
+        method: int,
+        message: bytes,
+        incoming: _Incoming,
+        caller: Identity | None,
+    ) -> streams.Reply:
+        name = METHODS.get(method)
+        if name is None:
+            raise _Abort(grpc.StatusCode.UNIMPLEMENTED, f"no bulk method {method}", "")
+        if self._tls is not None:
+            if caller is None:
+                raise _Abort(
+                    grpc.StatusCode.UNAUTHENTICATED, "a jaxps task certificate is required", ""
+                )
+            path = f"/{authz.PS_SERVICE}/{name}"
+            if not authz.allowed(path, caller, job=self._job, chief=self._chief):
+                raise _Abort(grpc.StatusCode.PERMISSION_DENIED, "not allowed", "")
+        context = _Context(conn, self)
+        request: Any
+        try:
+            if method == READ:
+                if incoming.nbytes:
+                    raise _Abort(
+                        grpc.StatusCode.INVALID_ARGUMENT, "Read: a read carries no tensors", ""
+                    )
+                request = ps_pb2.ReadRequest.FromString(message)
+            else:
+                incoming.header = tensor_pb2.FrameHeader.FromString(message)
+                request = incoming
+        except DecodeError:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: not a request", "") from None
+        try:
+            reply: streams.Reply = getattr(self._servicer, name)(request, context)
+        except _Abort:
+            raise
+        except (OSError, EOFError):
+            raise  # the connection broke under the servicer: nobody to answer
+        except Exception as err:
+            log.exception("%s: bulk %s failed", self._task, name)
+            raise _Abort(grpc.StatusCode.INTERNAL, f"{name}: {err}", "") from err
+        return reply
+
+
+# --- the client side ----------------------------------------------------------------------
+
+
+class Reply(streams.Direct):
+    """A reply's header and tensor bytes still in the connection; `close` gives the
+    connection back once they were all read (or closes it)."""
+
+    def __init__(
+        self, peer: Peer, conn: socket.socket, header: tensor_pb2.FrameHeader, nbytes: int
+    ) -> None:
+        self._peer, self._conn = peer, conn
+        self.header, self.nbytes, self.left = header, nbytes, nbytes
+        self._broken = False
+
+    def readinto(self, view: memoryview) -> None:
+        if len(view) > self.left:
+            raise streams.StreamError(f"read past the {self.nbytes} bytes the reply carries")
+        try:
+            _recv_exact(self._conn, view)
+        except (OSError, EOFError) as err:
+            self._broken = True
+            raise self._peer.broke(err) from err
+        self.left -= len(view)
+
+    def close(self) -> None:
+        self._peer.give_back(self._conn, reusable=not self._broken and not self.left)
+
+
+class Peer:
+    """The bulk path to one ps: its port (learned from its Status; 0 while unknown) and
+    idle connections to it."""
+
+    def __init__(
+        self, address: str, credentials: TaskCredentials | None = None, *, enabled: bool = True
+    ) -> None:
+        self.host = split_host(address)
+        self._enabled = enabled  # False: the port is never learned, every call goes on gRPC
+        self._tls = credentials.ssl_context(server=False) if credentials and enabled else None
+        self.port = 0
+        self._asked = 0.0  # when the client last asked the ps for its port (monotonic)
+        self._lock = threading.Lock()
+        self._idle: list[socket.socket] = []
+        self._busy: set[socket.socket] = set()
+        self._closed = False
+
+    def learn(self, port: int) -> None:
+        """The port the ps said it has (0: none); connections to another port are closed."""
+        if not self._enabled:
+            return
+        with self._lock:
+            self._asked = time.monotonic()
+            if port == self.port:
+                return
+            self.port, stale, self._idle = port, self._idle, []
+        for conn in stale:
+            conn.close()
+
+    def wants_port(self) -> bool:
+        """Whether to ask the ps for its port now: none known, and not asked just before."""
+        return (
+            self._enabled
+            and not self.port
+            and not self._closed
+            and time.monotonic() - self._asked > RETRY_PORT_AFTER
+        )
+
+    def broke(self, err: BaseException) -> BulkError:
+        """The error a broken connection gives; the port is forgotten until the next Status
+        (the ps may have restarted elsewhere), and gRPC carries the calls meanwhile."""
+        with self._lock:
+            self.port = 0
+            self._asked = time.monotonic()
+        return BulkError(
+            grpc.StatusCode.UNAVAILABLE, f"bulk connection to {self.host}: {err or type(err)}"
+        )
+
+    def call(
+        self,
+        method: str,
+        message: bytes,
+        buffers: Sequence[memoryview],
+        *,
+        timeout: float | None = None,
+    ) -> Reply:
+        """Sends one call and reads its reply's header; the tensors are left to the caller
+        (`streams.receive`), who then closes the reply."""
+        conn = self._take()
+        try:
+            conn.settimeout(timeout)
+            _send(conn, NUMBERS[method], message, buffers)
+            prefix = _recv_bytes(conn, PREFIX.size)
+            code, size, nbytes = PREFIX.unpack(prefix)
+            if size > MAX_MESSAGE_BYTES:
+                raise ValueError(f"a {size}-byte reply message")
+            body = _recv_bytes(conn, size)
+        except (OSError, EOFError, ValueError) as err:
+            self.give_back(conn, reusable=False)
+            raise self.broke(err) from err
+        if code:
+            self.give_back(conn, reusable=not nbytes)
+            try:
+                error = json.loads(body)
+                details, reason = str(error["details"]), str(error.get("reason", ""))
+            except (ValueError, KeyError, TypeError):
+                details, reason = body.decode("utf-8", "replace"), ""
+            raise BulkError(_STATUS.get(code, grpc.StatusCode.UNKNOWN), details, reason=reason)
+        try:
+            header = tensor_pb2.FrameHeader.FromString(body)
+        except DecodeError as err:
+            self.give_back(conn, reusable=False)
+            raise BulkError(
+                grpc.StatusCode.INTERNAL, f"{method}: a reply that does not parse"
+            ) from err
+        return Reply(self, conn, header, nbytes)
+
+    def _take(self) -> socket.socket:
+        with self._lock:
+            if self._closed:
+                raise BulkError(grpc.StatusCode.CANCELLED, "the client is closed")
+            port = self.port
+            while self._idle:
+                conn = self._idle.pop()
+                if not _hung_up(conn):
+                    self._busy.add(conn)
+                    return conn
+                conn.close()
+        try:
+            conn = self._connect(port)
+        except (OSError, EOFError, ValueError) as err:
+            raise self.broke(err) from err
+        with self._lock:
+            if self._closed:
+                conn.close()
+                raise BulkError(grpc.StatusCode.CANCELLED, "the client is closed")
+            self._busy.add(conn)
+        return conn
+
+    def _connect(self, port: int) -> socket.socket:
+        if not port:
+            raise ValueError("no bulk port known")
+        sock = socket.create_connection((self.host, port), timeout=CONNECT_SECONDS)
+        try:
+            _tune(sock)
+            conn = sock
+            if self._tls is not None:
+                conn = self._tls.wrap_socket(sock, server_hostname=self.host)
+            conn.sendall(HELLO)
+            if _recv_bytes(conn, len(HELLO)) != HELLO:
+                raise ValueError(f"{self.host}:{port} is no jaxps bulk listener")
+        except BaseException:
+            sock.close()
+            raise
+        return conn
+
+    def give_back(self, conn: socket.socket, *, reusable: bool) -> None:
+        with self._lock:
+            self._busy.discard(conn)
+            if reusable and not self._closed:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        """Closes every connection; a call in flight fails (its socket is shut down)."""
+        with self._lock:
+            self._closed = True
+            idle, busy, self._idle = self._idle, list(self._busy), []
+        for conn in idle:
+            conn.close()
+        for conn in busy:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
