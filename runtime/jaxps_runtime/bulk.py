@@ -65,6 +65,7 @@ MAX_MESSAGE_BYTES = 256 << 20  # a header (row ids included) above this closes t
 HANDSHAKE_SECONDS = 10.0
 CONNECT_SECONDS = 5.0
 MAX_CONNECTIONS = 256
+CLOSE_SECONDS = 5.0  # the longest `BulkServer.close` waits for its threads
 RETRY_PORT_AFTER = 2.0  # seconds between Status calls that ask a ps for its bulk port again
 _HUNG_UP = select.POLLHUP | select.POLLERR | select.POLLRDHUP | select.POLLNVAL
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
@@ -235,9 +236,10 @@ class BulkServer:
         for conn in connections:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
-        self._acceptor.join(timeout=5)
-        for thread in threads:
-            thread.join(timeout=5)
+        deadline = time.monotonic() + CLOSE_SECONDS
+        for thread in (self._acceptor, *threads):
+            if thread.is_alive() and thread is not threading.current_thread():
+                thread.join(timeout=max(deadline - time.monotonic(), 0.0))
 
     def _accept(self) -> None:
         while not self.closed:
@@ -262,7 +264,10 @@ class BulkServer:
             _tune(raw)
             raw.settimeout(HANDSHAKE_SECONDS)
             if self._tls is not None:
-                conn = self._tls.wrap_socket(raw, server_side=True)
+                conn = self._tls.wrap_socket(raw, server_side=True)  # raw is detached
+                with self._lock:
+                    self._connections.discard(raw)
+                    self._connections.add(conn)
             if _recv_bytes(conn, len(HELLO)) != HELLO:
                 log.debug("%s: bulk connection from %s did not say hello", self._task, peer)
                 return
@@ -281,6 +286,7 @@ class BulkServer:
             raw.close()
             with self._lock:
                 self._connections.discard(raw)
+                self._connections.discard(conn)
                 self._threads.discard(threading.current_thread())
 
     def _caller(self, conn: socket.socket) -> Identity | None:
@@ -502,17 +508,16 @@ class Peer:
     def _connect(self, port: int) -> socket.socket:
         if not port:
             raise ValueError("no bulk port known")
-        sock = socket.create_connection((self.host, port), timeout=CONNECT_SECONDS)
+        conn = socket.create_connection((self.host, port), timeout=CONNECT_SECONDS)
         try:
-            _tune(sock)
-            conn = sock
-            if self._tls is not None:
-                conn = self._tls.wrap_socket(sock, server_hostname=self.host)
+            _tune(conn)
+            if self._tls is not None:  # the plain socket is detached: conn is all there is
+                conn = self._tls.wrap_socket(conn, server_hostname=self.host)
             conn.sendall(HELLO)
             if _recv_bytes(conn, len(HELLO)) != HELLO:
                 raise ValueError(f"{self.host}:{port} is no jaxps bulk listener")
         except BaseException:
-            sock.close()
+            conn.close()
             raise
         return conn
 

@@ -7,6 +7,7 @@ test process, each over a real gRPC channel to ps-0 while training goes on.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -21,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import cluster, credentials, launch, rpc
+from jaxps_runtime import bulk, cluster, credentials, launch, rpc
 from tests.process.waiting import wait_for
 
 pytestmark = pytest.mark.process
@@ -57,6 +58,25 @@ def serving(address: str, creds: credentials.TaskCredentials) -> bool:
     except grpc.RpcError:
         return False
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def bulk_read(
+    address: str,
+    port: int,
+    creds: credentials.TaskCredentials,
+    ident: tensor_pb2.Identity,
+) -> grpc.StatusCode:
+    """The status of an empty Read on the bulk path of the ps at `address`, with `creds`."""
+    peer = bulk.Peer(address, creds)
+    peer.learn(port)
+    try:
+        peer.call("Read", ps_pb2.ReadRequest(id=ident).SerializeToString(), ()).close()
+    except bulk.BulkError as err:
+        code: grpc.StatusCode = err.code()
+        return code
+    finally:
+        peer.close()
+    return grpc.StatusCode.OK
 
 
 def probe(port: int, path: str) -> int:
@@ -139,6 +159,44 @@ def test_strangers_and_wrong_roles_are_refused_while_the_job_trains_to_the_end(
     assert summary["step"] == TRAINING["steps"]
     assert summary["eval"]["accuracy"] >= 0.9
     assert "PLAINTEXT" not in job.logs()
+
+
+def test_the_bulk_path_lets_in_and_refuses_the_certificates_grpc_does(
+    jobs: list[launch.LocalJob], tmp_path: Path
+) -> None:
+    training = {**TRAINING, "steps": 1_000_000}  # trains while the test runs; stopped after
+    job = launch.LocalJob.start(
+        training=training, log_dir=tmp_path / "logs", job_id=JOB, ps=1, workers=1, tls=True
+    )
+    jobs.append(job)
+    ps0 = job.spec["ps"][0]
+    chief = credentials.TaskCredentials.load(job.tls_dir("worker-0"))
+    ps_cert = credentials.TaskCredentials.load(job.tls_dir("ps-0"))
+    impostor = credentials.issue(
+        credentials.authority("another-job"),
+        credentials.Identity(job=JOB, role="worker", index=0),
+        hosts=["127.0.0.1"],
+    )
+    wait_for(lambda: serving(ps0, chief), job, timeout=120, what="ps-0 serving over mutual TLS")
+    with rpc.channel(ps0, chief) as channel:
+        wait_for(lambda: status(channel).state == ps_pb2.READY, job, timeout=120, what="READY")
+        reply = status(channel)
+    assert reply.bulk_port
+    ident = tensor_pb2.Identity(
+        job_id=JOB,
+        task="worker-0",
+        ps_incarnation=reply.id.ps_incarnation,
+        cluster_epoch=reply.id.cluster_epoch,
+    )
+    assert bulk_read(ps0, reply.bulk_port, chief, ident) == grpc.StatusCode.OK
+    # a ps's own certificate is no caller's; another CA's fails the handshake
+    assert bulk_read(ps0, reply.bulk_port, ps_cert, ident) == grpc.StatusCode.PERMISSION_DENIED
+    assert bulk_read(ps0, reply.bulk_port, impostor, ident) == grpc.StatusCode.UNAVAILABLE
+    with socket.create_connection(("127.0.0.1", reply.bulk_port), timeout=30) as plain_socket:
+        plain_socket.sendall(bulk.HELLO)  # no TLS: the handshake fails, the ps hangs up
+        assert plain_socket.recv(64) == b""
+    assert serving(ps0, chief)
+    assert job.processes["ps-0"].poll() is None
 
 
 def test_a_task_given_another_tasks_certificate_refuses_to_start(tmp_path: Path) -> None:

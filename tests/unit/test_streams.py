@@ -128,3 +128,41 @@ def test_received_tensors_land_in_64_byte_aligned_arrays(shape: tuple[int, ...])
     assembler, _ = _read([raw], allocate=lambda s: streams.empty(s.shape, s.dtype))
     assert all(streams.aligned(assembler.array(i)) for i in (0, 2))
     assert np.array_equal(assembler.array(2), _arrays()[2])
+
+
+class _BytesDirect(streams.Direct):
+    """A `Direct` stream over bytes in memory (the bulk path reads a socket instead)."""
+
+    def __init__(self, header: tensor_pb2.FrameHeader, data: bytes) -> None:
+        self.header, self.nbytes, self._data, self.reads = header, len(data), data, 0
+
+    def readinto(self, view: memoryview) -> None:
+        view[:] = self._data[: len(view)]
+        self._data = self._data[len(view) :]
+        self.reads += 1
+
+
+def test_a_direct_stream_reads_each_tensor_straight_into_its_array() -> None:
+    header = tensor_pb2.FrameHeader(tensors=[s.to_proto() for s in _specs()])
+    data = b"".join(a.tobytes() for a in _arrays())
+    source = _BytesDirect(header, data)
+    target = np.zeros(1000, np.float32)
+    got, assembler, fill = streams.receive(source, where="test", into=[target, None, None])
+    assert got is header
+    assert list(fill) == [range(0, 1), range(1, 2), range(2, 3)]
+    assert source.reads == 2  # one read per tensor with bytes, none for the empty one
+    assert assembler.array(0) is target
+    assert assembler.missing() == []
+    for i, expected in enumerate(_arrays()):
+        assert np.array_equal(assembler.array(i), expected)
+    assert streams.aligned(assembler.array(2))
+
+
+def test_a_direct_stream_of_other_than_its_tensors_bytes_is_refused() -> None:
+    header = tensor_pb2.FrameHeader(tensors=[s.to_proto() for s in _specs()])
+    source = _BytesDirect(header, b"\0" * 4047)
+    _, _, fill = streams.receive(source, where="test")
+    with pytest.raises(
+        streams.StreamError, match="carries 4047 bytes; the header's 3 tensors hold 4048"
+    ):
+        list(fill)
