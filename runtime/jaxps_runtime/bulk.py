@@ -1,18 +1,19 @@
-"""The bulk path: the ps's Read and Update of large tensors over a socket, with no user copy.
+"""The bulk path: the ps's Read and Update over a socket of their own, with no user-space copy.
 
 grpc's Python runtime copies every byte of a message twice on each side (into a slice to send;
 into a `bytes` on receipt, which jaxps then copies into an aligned array), and hands each
 message between threads. Moving 1 GiB over 127.0.0.1 costs about 1.8 CPU-seconds (both ends
 together) with grpc and 0.75 over a socket that sends from the arrays and `recv_into`s them. A
 dense step is CPU-bound on exactly that (bench/profile_step.py --perf: memcpy, grpc and the
-kernel's scheduling are half of all CPU). So the two data calls also travel here: the same
+kernel's scheduling are half of all CPU), and a small call costs grpc's Python runtime about
+three times what a socket round trip does. So the two data calls travel here: the same
 messages (a `ReadRequest`; a `FrameHeader` and the tensors' bytes), the same
 `ParameterServicer` methods, the same errors; only the framing differs.
 
     ps:     BulkServer(servicer, host=..., task=..., job=..., chief=..., credentials=...)
             .port goes out in StatusReply.bulk_port
     client: Peer(address, credentials); .learn(port) from each StatusReply;
-            rpc.call(..., bulk=peer) uses it for a call whose bytes grpc would stream
+            rpc.call(..., bulk_peer=peer) uses it for every Read and Update
 
 A call that cannot use it (no port known, or the connection failed: the port is forgotten until
 the next Status) goes over gRPC, which always works. With the task's credentials the socket is

@@ -12,7 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from jaxps.v1 import parameter_server_pb2, parameter_server_pb2_grpc, tensor_pb2
-from jaxps_runtime import catalog, codec, config, launch, placement, rpc
+from jaxps_runtime import catalog, codec, config, launch, placement, rpc, streams
 from jaxps_runtime.client import PsClient, PsClientError, PsRestartedError
 from jaxps_runtime.policy import Mode
 
@@ -242,18 +242,18 @@ def test_an_update_can_bring_back_the_new_values(two_ps: launch.LocalPs, framing
     tree = {"w": np.arange(600, dtype=np.float32), "b": np.zeros(3, np.float32)}
     chief, params = _init(two_ps, tree, min_shard_bytes=8)
     assert {s.ps for s in chief.placement.shards} == {0, 1}
-    if framing != "packed":  # every call's bytes exceed one 64-byte chunk: frames of 64 (grpc)
-        epoch = chief.epoch
-        chief.close()
-        chief = PsClient(
-            addresses=two_ps.addresses,
-            placement=chief.placement,
-            job_id=JOB_ID,
-            task="chief-0",
-            chunk_bytes=64,
-            use_bulk=framing == "bulk",
-        )
-        chief.epoch = epoch
+    epoch = chief.epoch
+    chief.close()
+    chief = PsClient(
+        addresses=two_ps.addresses,
+        placement=chief.placement,
+        job_id=JOB_ID,
+        task="chief-0",
+        # streamed: every call's bytes exceed one 64-byte chunk, so grpc frames them by 64
+        chunk_bytes=64 if framing == "streamed" else streams.CHUNK_BYTES,
+        use_bulk=framing == "bulk",
+    )
+    chief.epoch = epoch
     bulk_before = _bulk_calls(chief)
     grads = {n: np.full(np.shape(v), 2, np.float32) for n, v in params.items()}
     into = {n: np.full(np.shape(v), np.nan, np.float32) for n, v in params.items()}
