@@ -1,10 +1,12 @@
 """How fast tensors move: raw TCP, raw grpcio, and jaxps update/read of a 64 MiB pytree.
 
 Prints one JSON object per measurement (DEVELOPERS.md format). Every server runs in its own
-process on 127.0.0.1, like a ps would. The baseline of the jaxps rows is raw grpcio in the same
-run: a generic handler moving raw 1 MiB byte chunks into a preallocated array (push) or out of
-one (pull), with no protobuf at all; `ratio` = jaxps MB/s / raw grpcio MB/s (above 1: jaxps is
-faster). jaxps push includes applying the gradient on the ps (SGD).
+process on 127.0.0.1, like a ps would. jaxps rows (`jaxps-push/pull-…`: the bulk path, as a
+worker moves tensors) have raw TCP in the same run as their baseline: a socket that sends one
+buffer and `recv_into`s another, nothing else; `ratio` = jaxps MB/s / raw TCP MB/s. The
+`jaxps-grpc-…` rows are jaxps with the bulk path off (every call on gRPC), against raw grpcio:
+a generic handler moving raw 1 MiB byte chunks into a preallocated array (push) or out of one
+(pull), with no protobuf at all. jaxps push includes applying the gradient on the ps (SGD).
 
     python bench/transport.py [--repeats 5] [--mib 64]
 """
@@ -167,7 +169,7 @@ def measure_raw_grpc(nbytes: int, repeats: int) -> tuple[float, float]:
         proc.wait()
 
 
-def measure_jaxps(nbytes: int, num_ps: int, repeats: int) -> tuple[float, float]:
+def measure_jaxps(nbytes: int, num_ps: int, repeats: int, *, use_bulk: bool) -> tuple[float, float]:
     leaves = 8
     rows = nbytes // leaves // 4 // 2048
     rng = np.random.default_rng(2)
@@ -181,7 +183,11 @@ def measure_jaxps(nbytes: int, num_ps: int, repeats: int) -> tuple[float, float]
     try:
         layout = placement.plan(placement.variables_of(tree), num_ps=num_ps)
         with PsClient(
-            addresses=ps.addresses, placement=layout, job_id="bench", task="worker-0"
+            addresses=ps.addresses,
+            placement=layout,
+            job_id="bench",
+            task="worker-0",
+            use_bulk=use_bulk,
         ) as client:
             client.init(
                 named, optimizer=config.OptimizerConfig("sgd", {"learning_rate": 0.1}), epoch=1
@@ -238,22 +244,31 @@ def main() -> None:
             baseline_value=tcp,
         )
     for num_ps in (1, 2):
-        push, pull = measure_jaxps(nbytes, num_ps, args.repeats)
+        push, pull = measure_jaxps(nbytes, num_ps, args.repeats, use_bulk=True)
+        for case, value in (
+            (f"jaxps-push-{size}-{num_ps}ps", push),
+            (f"jaxps-pull-{size}-{num_ps}ps", pull),
+        ):
+            emit(
+                case,
+                metric="throughput",
+                value=value,
+                unit="MB/s",
+                baseline="raw-tcp-loopback",
+                baseline_value=tcp,
+            )
+    push, pull = measure_jaxps(nbytes, 1, args.repeats, use_bulk=False)
+    for case, value, raw in (
+        (f"jaxps-grpc-push-{size}-1ps", push, raw_push),
+        (f"jaxps-grpc-pull-{size}-1ps", pull, raw_pull),
+    ):
         emit(
-            f"jaxps-push-{size}-{num_ps}ps",
+            case,
             metric="throughput",
-            value=push,
+            value=value,
             unit="MB/s",
-            baseline="raw-grpcio-push",
-            baseline_value=raw_push,
-        )
-        emit(
-            f"jaxps-pull-{size}-{num_ps}ps",
-            metric="throughput",
-            value=pull,
-            unit="MB/s",
-            baseline="raw-grpcio-pull",
-            baseline_value=raw_pull,
+            baseline="raw-grpcio",
+            baseline_value=raw,
         )
 
 

@@ -68,6 +68,10 @@ CONNECT_SECONDS = 5.0
 MAX_CONNECTIONS = 256
 CLOSE_SECONDS = 5.0  # the longest `BulkServer.close` waits for its threads
 RETRY_PORT_AFTER = 2.0  # seconds between Status calls that ask a ps for its bulk port again
+# A port whose connection timed out or failed its TLS handshake (a network policy or firewall
+# that lets gRPC's port through but not this one) is left alone this long, even when a Status
+# names it again; gRPC carries the calls meanwhile.
+UNREACHABLE_RETRY_AFTER = 60.0
 _HUNG_UP = select.POLLHUP | select.POLLERR | select.POLLRDHUP | select.POLLNVAL
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -409,6 +413,7 @@ class Peer:
         self._tls = credentials.ssl_context(server=False) if credentials and enabled else None
         self.port = 0
         self._asked = 0.0  # when the client last asked the ps for its port (monotonic)
+        self._unreachable = (0, 0.0)  # a port found unreachable, and until when it is left alone
         self._lock = threading.Lock()
         self._idle: list[socket.socket] = []
         self._busy: set[socket.socket] = set()
@@ -419,7 +424,9 @@ class Peer:
         if not self._enabled:
             return
         with self._lock:
-            self._asked = time.monotonic()
+            self._asked = now = time.monotonic()
+            if port == self._unreachable[0] and now < self._unreachable[1]:
+                return
             if port == self.port:
                 return
             self.port, stale, self._idle = port, self._idle, []
@@ -498,6 +505,16 @@ class Peer:
         try:
             conn = self._connect(port)
         except (OSError, EOFError, ValueError) as err:
+            if isinstance(err, TimeoutError | ssl.SSLError):
+                log.warning(
+                    "the bulk path to %s:%d is unreachable (%s); Read and Update go over gRPC, "
+                    "slower, and it is tried again in %.0f s",
+                    self.host,
+                    port,
+                    err,
+                    UNREACHABLE_RETRY_AFTER,
+                )
+                self._unreachable = (port, time.monotonic() + UNREACHABLE_RETRY_AFTER)
             raise self.broke(err) from err
         with self._lock:
             if self._closed:

@@ -192,6 +192,13 @@ def test_the_bulk_path_lets_in_and_refuses_the_certificates_grpc_does(
     # a ps's own certificate is no caller's; another CA's fails the handshake
     assert bulk_read(ps0, reply.bulk_port, ps_cert, ident) == grpc.StatusCode.PERMISSION_DENIED
     assert bulk_read(ps0, reply.bulk_port, impostor, ident) == grpc.StatusCode.UNAVAILABLE
+    stranger = bulk.Peer(ps0, impostor)
+    stranger.learn(reply.bulk_port)
+    with pytest.raises(bulk.BulkError):
+        stranger.call("Read", ps_pb2.ReadRequest(id=ident).SerializeToString(), ())
+    stranger.learn(reply.bulk_port)  # a failed handshake: the port is left alone a while
+    assert stranger.port == 0
+    stranger.close()
     with socket.create_connection(("127.0.0.1", reply.bulk_port), timeout=30) as plain_socket:
         plain_socket.sendall(bulk.HELLO)  # no TLS: the handshake fails, the ps hangs up
         assert plain_socket.recv(64) == b""
