@@ -231,44 +231,29 @@ def main() -> None:
     tcp = measure_tcp(nbytes, args.repeats)
     emit(f"raw-tcp-loopback-{size}", metric="throughput", value=tcp, unit="MB/s")
     raw_push, raw_pull = measure_raw_grpc(nbytes, args.repeats)
-    for case, value in (
-        (f"raw-grpcio-push-{size}", raw_push),
-        (f"raw-grpcio-pull-{size}", raw_pull),
-    ):
-        emit(
-            case,
-            metric="throughput",
-            value=value,
-            unit="MB/s",
-            baseline="raw-tcp-loopback",
-            baseline_value=tcp,
-        )
+    rows = [  # (case, MB/s, baseline, its MB/s)
+        (f"raw-grpcio-push-{size}", raw_push, "raw-tcp-loopback", tcp),
+        (f"raw-grpcio-pull-{size}", raw_pull, "raw-tcp-loopback", tcp),
+    ]
     for num_ps in (1, 2):
         push, pull = measure_jaxps(nbytes, num_ps, args.repeats, use_bulk=True)
-        for case, value in (
-            (f"jaxps-push-{size}-{num_ps}ps", push),
-            (f"jaxps-pull-{size}-{num_ps}ps", pull),
-        ):
-            emit(
-                case,
-                metric="throughput",
-                value=value,
-                unit="MB/s",
-                baseline="raw-tcp-loopback",
-                baseline_value=tcp,
-            )
+        rows += [
+            (f"jaxps-push-{size}-{num_ps}ps", push, "raw-tcp-loopback", tcp),
+            (f"jaxps-pull-{size}-{num_ps}ps", pull, "raw-tcp-loopback", tcp),
+        ]
     push, pull = measure_jaxps(nbytes, 1, args.repeats, use_bulk=False)
-    for case, value, raw in (
-        (f"jaxps-grpc-push-{size}-1ps", push, raw_push),
-        (f"jaxps-grpc-pull-{size}-1ps", pull, raw_pull),
-    ):
+    rows += [
+        (f"jaxps-grpc-push-{size}-1ps", push, "raw-grpcio-push", raw_push),
+        (f"jaxps-grpc-pull-{size}-1ps", pull, "raw-grpcio-pull", raw_pull),
+    ]
+    for case, value, baseline, baseline_value in rows:
         emit(
             case,
             metric="throughput",
             value=value,
             unit="MB/s",
-            baseline="raw-grpcio",
-            baseline_value=raw,
+            baseline=baseline,
+            baseline_value=baseline_value,
         )
 
 

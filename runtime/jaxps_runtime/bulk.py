@@ -106,8 +106,13 @@ def _recv_exact(conn: socket.socket, view: memoryview) -> None:
 
 
 def _recv_bytes(conn: socket.socket, size: int) -> bytes:
-    buf = bytearray(size)
-    _recv_exact(conn, memoryview(buf))
+    """`size` bytes from `conn`, memory taken as they arrive (a peer that only claims a large
+    message gets no large buffer)."""
+    buf = bytearray()
+    while len(buf) < size:
+        part = bytearray(min(size - len(buf), 1 << 20))
+        _recv_exact(conn, memoryview(part))
+        buf += part
     return bytes(buf)
 
 
