@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -139,6 +140,11 @@ def test_the_mnist_example_trains_to_succeeded(jobs: E2eJobs) -> None:
     assert accuracy(job) >= 0.9
     assert progress["lastCheckpointStep"] == body["spec"]["training"]["steps"]
     no_pod_left_running(jobs, "mnist")
+    # the workers read and pushed over the bulk path, mutual TLS between pods (`bulk`)
+    logs = jobs.kubectl("logs", "mnist-worker-1")
+    served = re.search(r"(\d+) of (\d+) reads and updates went on the bulk path", logs)
+    assert served, f"worker-1 did not say how its calls went: {logs[-2000:]}"
+    assert int(served.group(1)) == int(served.group(2)) > 0, served.group(0)
     shown = jobs.kubectl("get", "tj", "mnist", "-o", "jsonpath={.status.progress}")
     assert json.loads(shown)["eval"]["accuracy"] == progress["eval"]["accuracy"]
     keep(
