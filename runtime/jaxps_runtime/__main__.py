@@ -273,6 +273,12 @@ def main(argv: Sequence[str] | None = None, *, loaded: bool = False) -> int:
         problem = cluster.setting_problem("JAXPS_LOG_LEVEL", raw, task_type="")
         print(f"jaxps_runtime: {problem}", file=sys.stderr)
         return EXIT_USAGE
+    problem = cluster.setting_problem(
+        "JAXPS_BULK", os.environ.get("JAXPS_BULK", "on"), task_type=""
+    )
+    if problem:
+        print(f"jaxps_runtime: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         config = task_config(rest, os.environ)
     except cluster.ClusterSpecError as err:

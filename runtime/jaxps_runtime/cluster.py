@@ -371,15 +371,27 @@ def dns_address(
 
 
 LOG_LEVELS: Final[tuple[str, ...]] = ("DEBUG", "INFO", "WARNING", "ERROR")
+BULK_SETTINGS: Final[tuple[str, ...]] = ("on", "off")
+
+
+def bulk_on(environ: Mapping[str, str]) -> bool:
+    """Whether JAXPS_BULK (checked at start) leaves the bulk path on: a ps listens for it, a
+    client uses it (`jaxps_runtime.bulk`). "off" keeps Read and Update on gRPC."""
+    return environ.get("JAXPS_BULK", "on").lower() != "off"
 
 
 def setting_problem(name: str, value: str, *, task_type: str) -> str | None:
     """What a task of `task_type` refuses in one of the runtime's own variables that a pod
-    template may set (JAXPS_LOG_LEVEL; JAXPS_PS_XLA_THREADS, read by a ps only), as
+    template may set (JAXPS_LOG_LEVEL, JAXPS_BULK; JAXPS_PS_XLA_THREADS, read by a ps only), as
     "NAME: got ...; expected ...", or None. The runtime exits 2 with it; the control plane
     fails the job with it before any pod starts."""
     if name == "JAXPS_LOG_LEVEL" and value.upper() not in LOG_LEVELS:
         return f"{name}: got {_show(value)}; expected one of {', '.join(LOG_LEVELS)} (any case)"
+    if name == "JAXPS_BULK" and value.lower() not in BULK_SETTINGS:
+        return (
+            f"{name}: got {_show(value)}; expected on (the default: Read and Update on the "
+            "bulk path) or off (on gRPC), any case"
+        )
     if (
         name == "JAXPS_PS_XLA_THREADS"
         and task_type == PS

@@ -17,6 +17,7 @@ after its job (research pitfall 1).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -156,26 +157,27 @@ class PsServer:
 
         self.store = store = ParameterStore(job_id=self.job_id, task=self.task)
         servicer = ParameterServicer(store, on_shutdown=self.stop)
-        self.bulk = bulk.BulkServer(
-            servicer,
-            host=bulk.split_host(self._where),
-            task=self.task,
-            job=self.job_id,
-            chief=self._chief,
-            credentials=self._credentials,
-            on_call=lambda: store.counters.add("bulk_calls"),
-        )
-        self.bulk.start()
-        servicer.bulk_port = self.bulk.port
+        if cluster.bulk_on(os.environ):
+            self.bulk = bulk.BulkServer(
+                servicer,
+                host=bulk.split_host(self._where),
+                task=self.task,
+                job=self.job_id,
+                chief=self._chief,
+                credentials=self._credentials,
+                on_call=lambda: store.counters.add("bulk_calls"),
+            )
+            self.bulk.start()
+            servicer.bulk_port = self.bulk.port
         self._loading.serve(servicer)
         for service in HEALTH_SERVICES:
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info(
-            "%s: serving %s on port %d, its bulk path on port %d (loaded in %.2f s)",
+            "%s: serving %s on port %d, its bulk path %s (loaded in %.2f s)",
             self.task,
             rpc.PARAMETER_SERVER.full_name,
             self.port,
-            self.bulk.port,
+            f"on port {self.bulk.port}" if self.bulk else "off (JAXPS_BULK)",
             time.monotonic() - started,
         )
 

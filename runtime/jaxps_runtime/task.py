@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,6 +113,7 @@ class Task:
             task=self.name,
             stop=self.stop,
             credentials=self.credentials,
+            use_bulk=cluster.bulk_on(os.environ),
         )
 
     def coordinator(self) -> CoordinatorClient:

@@ -218,3 +218,20 @@ def test_a_replaced_ps_is_unavailable_under_a_bulk_call_then_found_at_its_new_po
         chief.close()
     finally:
         ps.stop()
+
+
+def test_jaxps_bulk_off_keeps_a_ps_and_its_clients_on_grpc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JAXPS_BULK", "off")  # the ps processes inherit it
+    ps = launch.LocalPs.start(1, job_id=JOB_ID, log_dir=tmp_path)
+    try:
+        client = _client(ps, {"w": np.ones(1000, np.float32)}, epoch=1)
+        assert client.status(0).bulk_port == 0
+        _, values = client.read()
+        assert values["['w']"].all()
+        assert (client.bulk_calls, client.data_calls) == (0, 1)
+        client.close()
+    finally:
+        ps.stop()
+    assert "its bulk path off (JAXPS_BULK)" in (tmp_path / "ps-0.log").read_text()

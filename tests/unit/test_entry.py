@@ -32,6 +32,32 @@ def test_a_bad_log_level_in_the_environment_is_a_usage_error_naming_it(
     assert 'JAXPS_LOG_LEVEL: got "LOUD"; expected one of DEBUG, INFO, WARNING, ERROR' in err
 
 
+def test_a_bad_bulk_setting_is_a_usage_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("JAXPS_BULK", "sometimes")
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        '{"cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, '
+        '"task": {"type": "ps", "index": 0}}',
+    )
+    assert main.main([]) == main.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert 'JAXPS_BULK: got "sometimes"; expected on (the default' in err
+
+
+@pytest.mark.parametrize(
+    ("environ", "on"),
+    [({}, True), ({"JAXPS_BULK": "on"}, True), ({"JAXPS_BULK": "OFF"}, False)],
+)
+def test_the_bulk_path_is_on_unless_turned_off(environ: dict[str, str], on: bool) -> None:
+    assert cluster.bulk_on(environ) is on
+    assert (
+        cluster.setting_problem("JAXPS_BULK", environ.get("JAXPS_BULK", "on"), task_type="ps")
+        is None
+    )
+
+
 @pytest.mark.parametrize("port", ["abc", "70000", "-1", "²", "8080x"])
 def test_a_bad_metrics_port_is_a_usage_error_naming_it(port: str) -> None:
     with pytest.raises(cluster.ClusterSpecError, match="JAXPS_METRICS_PORT: got"):
