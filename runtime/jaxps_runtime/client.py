@@ -107,6 +107,7 @@ class PsClient:
         self._calls = [rpc.PARAMETER_SERVER.callables(ch) for ch in self._channels]
         self._bulk = [bulk.Peer(a, credentials, enabled=use_bulk) for a in addresses]
         self.data_calls = self.bulk_calls = 0  # Read and Update calls answered; on the bulk path
+        self._counting = threading.Lock()
         self._pool = ThreadPoolExecutor(len(addresses), thread_name_prefix=f"{task}-ps")
         self._shards = [placement.shards_on(i) for i in range(len(addresses))]
         self._variables = {v.name: v for v in placement.variables}
@@ -634,8 +635,9 @@ class PsClient:
             finally:
                 if isinstance(stream, streams.Direct):
                     stream.close()  # its connection goes back to the pool, or is closed
-            self.data_calls += 1  # from several threads: a count to log, not to rely on
-            self.bulk_calls += isinstance(stream, streams.Direct)
+            with self._counting:  # calls to several ps run on several threads
+                self.data_calls += 1
+                self.bulk_calls += isinstance(stream, streams.Direct)
             missing = assembler.missing()
             if missing:
                 raise streams.StreamError(f"{method}: stream ended before {', '.join(missing)}")

@@ -158,17 +158,23 @@ class PsServer:
         self.store = store = ParameterStore(job_id=self.job_id, task=self.task)
         servicer = ParameterServicer(store, on_shutdown=self.stop)
         if cluster.bulk_on(os.environ):
-            self.bulk = bulk.BulkServer(
-                servicer,
-                host=bulk.split_host(self._where),
-                task=self.task,
-                job=self.job_id,
-                chief=self._chief,
-                credentials=self._credentials,
-                on_call=lambda: store.counters.add("bulk_calls"),
-            )
-            self.bulk.start()
-            servicer.bulk_port = self.bulk.port
+            try:
+                self.bulk = bulk.BulkServer(
+                    servicer,
+                    host=bulk.split_host(self._where),
+                    task=self.task,
+                    job=self.job_id,
+                    chief=self._chief,
+                    credentials=self._credentials,
+                    on_call=lambda: store.counters.add("bulk_calls"),
+                )
+            except OSError as err:  # gRPC alone still serves every call
+                log.warning(
+                    "%s: cannot open the bulk path (%s); calls go over gRPC", self.task, err
+                )
+            else:
+                self.bulk.start()
+                servicer.bulk_port = self.bulk.port
         self._loading.serve(servicer)
         for service in HEALTH_SERVICES:
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
