@@ -268,17 +268,14 @@ def main(argv: Sequence[str] | None = None, *, loaded: bool = False) -> int:
             return EXIT_USAGE
         return standby(argv)
     args, rest = _arguments(argv)
+    settings = {"JAXPS_BULK": os.environ.get("JAXPS_BULK", "on")}
     if args.log_level not in cluster.LOG_LEVELS:  # argparse checks the flag, not its default
-        raw = os.environ.get("JAXPS_LOG_LEVEL", "")
-        problem = cluster.setting_problem("JAXPS_LOG_LEVEL", raw, task_type="")
-        print(f"jaxps_runtime: {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    problem = cluster.setting_problem(
-        "JAXPS_BULK", os.environ.get("JAXPS_BULK", "on"), task_type=""
-    )
-    if problem:
-        print(f"jaxps_runtime: {problem}", file=sys.stderr)
-        return EXIT_USAGE
+        settings["JAXPS_LOG_LEVEL"] = os.environ.get("JAXPS_LOG_LEVEL", "")
+    for name, value in settings.items():
+        problem = cluster.setting_problem(name, value, task_type="")
+        if problem:
+            print(f"jaxps_runtime: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         config = task_config(rest, os.environ)
     except cluster.ClusterSpecError as err:

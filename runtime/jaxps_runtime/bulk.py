@@ -173,8 +173,9 @@ class _Context:
         raise _Abort(code, details, self._reason)
 
 
-class _Incoming(streams.Direct):
-    """An Update's tensor bytes, read from the connection into the servicer's arrays."""
+class _Socketed(streams.Direct):
+    """A message's `nbytes` tensor bytes still in the connection, read in order (`left`: not
+    read yet)."""
 
     def __init__(self, conn: socket.socket, header: tensor_pb2.FrameHeader, nbytes: int) -> None:
         self._conn = conn
@@ -182,9 +183,13 @@ class _Incoming(streams.Direct):
 
     def readinto(self, view: memoryview) -> None:
         if len(view) > self.left:
-            raise streams.StreamError(f"read past the {self.nbytes} bytes the request carries")
+            raise streams.StreamError(f"read past the {self.nbytes} bytes the message carries")
         _recv_exact(self._conn, view)
         self.left -= len(view)
+
+
+class _Incoming(_Socketed):
+    """An Update's tensor bytes, read from the connection into the servicer's arrays."""
 
     def drain(self) -> None:
         """Reads what the servicer did not (a refused or failed call), into scratch."""
@@ -381,26 +386,23 @@ class BulkServer:
 # --- the client side ----------------------------------------------------------------------
 
 
-class Reply(streams.Direct):
+class Reply(_Socketed):
     """A reply's header and tensor bytes still in the connection; `close` gives the
     connection back once they were all read (or closes it)."""
 
     def __init__(
         self, peer: Peer, conn: socket.socket, header: tensor_pb2.FrameHeader, nbytes: int
     ) -> None:
-        self._peer, self._conn = peer, conn
-        self.header, self.nbytes, self.left = header, nbytes, nbytes
+        super().__init__(conn, header, nbytes)
+        self._peer = peer
         self._broken = False
 
     def readinto(self, view: memoryview) -> None:
-        if len(view) > self.left:
-            raise streams.StreamError(f"read past the {self.nbytes} bytes the reply carries")
         try:
-            _recv_exact(self._conn, view)
+            super().readinto(view)
         except (OSError, EOFError) as err:
             self._broken = True
             raise self._peer.broke(err) from err
-        self.left -= len(view)
 
     def close(self) -> None:
         self._peer.give_back(self._conn, reusable=not self._broken and not self.left)

@@ -89,18 +89,36 @@ def probe(port: int, path: str) -> int:
         return 0  # not listening yet: the task is still importing
 
 
-def test_strangers_and_wrong_roles_are_refused_while_the_job_trains_to_the_end(
-    jobs: list[launch.LocalJob], tmp_path: Path
-) -> None:
+def start_tls_job(
+    jobs: list[launch.LocalJob], tmp_path: Path, training: dict[str, Any], *, tasks: int
+) -> tuple[launch.LocalJob, str, credentials.TaskCredentials]:
+    """A job of `tasks` ps and `tasks` workers over mutual TLS; once ps-0 serves: the job, ps-0's
+    address and the chief's (worker 0's) credentials."""
     job = launch.LocalJob.start(
-        training=TRAINING, log_dir=tmp_path / "logs", job_id=JOB, ps=2, workers=2, tls=True
+        training=training, log_dir=tmp_path / "logs", job_id=JOB, ps=tasks, workers=tasks, tls=True
     )
     jobs.append(job)
     ps0 = job.spec["ps"][0]
     chief = credentials.TaskCredentials.load(job.tls_dir("worker-0"))
+    wait_for(lambda: serving(ps0, chief), job, timeout=120, what="ps-0 serving over mutual TLS")
+    return job, ps0, chief
+
+
+def impostor() -> credentials.TaskCredentials:
+    """A certificate of another job's CA naming this job's chief."""
+    return credentials.issue(
+        credentials.authority("another-job"),
+        credentials.Identity(job=JOB, role="worker", index=0),
+        hosts=["127.0.0.1"],
+    )
+
+
+def test_strangers_and_wrong_roles_are_refused_while_the_job_trains_to_the_end(
+    jobs: list[launch.LocalJob], tmp_path: Path
+) -> None:
+    job, ps0, chief = start_tls_job(jobs, tmp_path, TRAINING, tasks=2)
     worker = credentials.TaskCredentials.load(job.tls_dir("worker-1"))
     ps1 = credentials.TaskCredentials.load(job.tls_dir("ps-1"))
-    wait_for(lambda: serving(ps0, chief), job, timeout=120, what="ps-0 serving over mutual TLS")
     with rpc.channel(ps0, chief) as channel:
         assert status(channel).id.job_id == JOB  # the chief's own certificate is let in
 
@@ -111,11 +129,7 @@ def test_strangers_and_wrong_roles_are_refused_while_the_job_trains_to_the_end(
     with anonymous:
         assert refusal(lambda: status(anonymous)) == grpc.StatusCode.UNAVAILABLE
     # a certificate of another job's CA, even one naming this job's chief
-    other_ca = credentials.authority("another-job")
-    impostor = credentials.issue(
-        other_ca, credentials.Identity(job=JOB, role="worker", index=0), hosts=["127.0.0.1"]
-    )
-    with rpc.channel(ps0, impostor) as channel:
+    with rpc.channel(ps0, impostor()) as channel:
         assert refusal(lambda: status(channel)) == grpc.StatusCode.UNAVAILABLE
     # this job's certificates, used beyond their role
     with rpc.channel(ps0, worker) as channel:
@@ -165,19 +179,9 @@ def test_the_bulk_path_lets_in_and_refuses_the_certificates_grpc_does(
     jobs: list[launch.LocalJob], tmp_path: Path
 ) -> None:
     training = {**TRAINING, "steps": 1_000_000}  # trains while the test runs; stopped after
-    job = launch.LocalJob.start(
-        training=training, log_dir=tmp_path / "logs", job_id=JOB, ps=1, workers=1, tls=True
-    )
-    jobs.append(job)
-    ps0 = job.spec["ps"][0]
-    chief = credentials.TaskCredentials.load(job.tls_dir("worker-0"))
+    job, ps0, chief = start_tls_job(jobs, tmp_path, training, tasks=1)
     ps_cert = credentials.TaskCredentials.load(job.tls_dir("ps-0"))
-    impostor = credentials.issue(
-        credentials.authority("another-job"),
-        credentials.Identity(job=JOB, role="worker", index=0),
-        hosts=["127.0.0.1"],
-    )
-    wait_for(lambda: serving(ps0, chief), job, timeout=120, what="ps-0 serving over mutual TLS")
+    stranger_cert = impostor()
     with rpc.channel(ps0, chief) as channel:
         wait_for(lambda: status(channel).state == ps_pb2.READY, job, timeout=120, what="READY")
         reply = status(channel)
@@ -191,8 +195,8 @@ def test_the_bulk_path_lets_in_and_refuses_the_certificates_grpc_does(
     assert bulk_read(ps0, reply.bulk_port, chief, ident) == grpc.StatusCode.OK
     # a ps's own certificate is no caller's; another CA's fails the handshake
     assert bulk_read(ps0, reply.bulk_port, ps_cert, ident) == grpc.StatusCode.PERMISSION_DENIED
-    assert bulk_read(ps0, reply.bulk_port, impostor, ident) == grpc.StatusCode.UNAVAILABLE
-    stranger = bulk.Peer(ps0, impostor)
+    assert bulk_read(ps0, reply.bulk_port, stranger_cert, ident) == grpc.StatusCode.UNAVAILABLE
+    stranger = bulk.Peer(ps0, stranger_cert)
     stranger.learn(reply.bulk_port)
     with pytest.raises(bulk.BulkError):
         stranger.call("Read", ps_pb2.ReadRequest(id=ident).SerializeToString(), ())

@@ -18,32 +18,36 @@ def test_the_log_level_from_the_environment_may_be_in_any_case(
     assert args.log_level == level
 
 
-def test_a_bad_log_level_in_the_environment_is_a_usage_error_naming_it(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("setting", "role", "message"),
+    [
+        (
+            ("JAXPS_LOG_LEVEL", "LOUD"),
+            "worker",
+            'JAXPS_LOG_LEVEL: got "LOUD"; expected one of DEBUG, INFO, WARNING, ERROR',
+        ),
+        (
+            ("JAXPS_BULK", "sometimes"),
+            "ps",
+            'JAXPS_BULK: got "sometimes"; expected on (the default',
+        ),
+    ],
+)
+def test_a_bad_setting_in_the_environment_is_a_usage_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    setting: tuple[str, str],
+    role: str,
+    message: str,
 ) -> None:
-    monkeypatch.setenv("JAXPS_LOG_LEVEL", "LOUD")
+    monkeypatch.setenv(*setting)
     monkeypatch.setenv(
         "TF_CONFIG",
         '{"cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, '
-        '"task": {"type": "worker", "index": 0}}',
+        f'"task": {{"type": "{role}", "index": 0}}}}',
     )
     assert main.main([]) == main.EXIT_USAGE
-    err = capsys.readouterr().err
-    assert 'JAXPS_LOG_LEVEL: got "LOUD"; expected one of DEBUG, INFO, WARNING, ERROR' in err
-
-
-def test_a_bad_bulk_setting_is_a_usage_error_naming_it(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("JAXPS_BULK", "sometimes")
-    monkeypatch.setenv(
-        "TF_CONFIG",
-        '{"cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, '
-        '"task": {"type": "ps", "index": 0}}',
-    )
-    assert main.main([]) == main.EXIT_USAGE
-    err = capsys.readouterr().err
-    assert 'JAXPS_BULK: got "sometimes"; expected on (the default' in err
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
