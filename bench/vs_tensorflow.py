@@ -2,10 +2,11 @@
 
 Every case runs on 2 ps + 2 workers on 127.0.0.1 with worker 0 as chief, both ways, alternating
 (TensorFlow, jaxps, TensorFlow, jaxps, ...) `--rounds` times. Both sides train the same model
-(same architecture and initialisation scheme), with Adagrad as TensorFlow's distributed example
+from the very same initial values, with Adagrad as TensorFlow's distributed example
 (`initial_accumulator_value=0.1`; optax's `eps=0` makes it TF1's ApplyAdagrad), the same batch
-size and number of global steps, on the very same batches (this script writes them to a file
-the TensorFlow tasks read). TensorFlow runs TF1-style between-graph replication with
+size and number of global steps, on the very same batches: round r uses seed r, and this
+script writes that seed's parameters (`model.init`) and batches to a file the TensorFlow tasks
+read. TensorFlow runs TF1-style between-graph replication with
 `tf.compat.v1` (bench/tf/task.py); jaxps runs `LocalJob`, as `jaxps local` does.
 
 Cases, latency-bound: `mlp-sync`, `mlp-async` (`mlp` with one hidden layer of 64 on digits,
@@ -30,7 +31,16 @@ Per case it prints (one JSON object per line):
 - `steps_per_second`: the median global steps per second while every worker trained (from the
   end of each worker's first step, which compiles or places the graph, to the first worker's
   last step; jaxps's chief reports it as `stepsPerSecond`); `ratio` = jaxps / TensorFlow.
-- `test_accuracy`: the median final test accuracy, so speed is compared at equal quality.
+- `test_accuracy`: the median final test accuracy over the rounds (over seeds 0 .. rounds-1),
+  so speed is compared at equal quality. One seed's accuracy is not a verdict: the test sets are
+  small (digits: 360 examples, one is 0.28 points), and the same run stopped a step earlier or
+  later moves by a point. In sync mode jaxps takes exactly the synchronous steps (the mean of
+  both workers' gradients of their k-th batches, on the parameters of step k:
+  tests/process/test_training.py), which TensorFlow computes too when it runs them in one
+  process; its SyncReplicasOptimizer does not: a worker starts its second batch before the first
+  step is applied (the chief queues a token per worker at the start), and the accumulators drop
+  a gradient that arrives after its step was applied, so its run on the same seed ends
+  elsewhere, higher on some seeds and lower on others.
 - `job_seconds`: the median wall time from starting the processes to the last worker's exit.
 - `job_cpu_seconds`: the median CPU time (user + system) of all the job's processes together,
   start-up included: the work each system needs for the same training, which on a machine
@@ -127,9 +137,11 @@ CASES: dict[str, dict[str, Any]] = {
 INITIAL_ACCUMULATOR = 0.1
 
 
-def jaxps_training(case: dict[str, Any]) -> dict[str, Any]:
-    """The TrainingJob `spec.training` of a case."""
+def jaxps_training(case: dict[str, Any], seed: int = 0) -> dict[str, Any]:
+    """The TrainingJob `spec.training` of a case, with `seed` (initial values, data split and
+    batch order)."""
     return {
+        "seed": seed,
         "model": case["model"],
         "dataset": case["dataset"],
         "mode": case["mode"],
@@ -182,9 +194,10 @@ def jaxps_ps_bytes(case: dict[str, Any]) -> list[int]:
     ).bytes_per_ps()
 
 
-def write_batches(case: dict[str, Any], path: Path) -> None:
-    """The dataset and, per worker and local step, the rows jaxps's worker reads then."""
-    training = config.parse(jaxps_training(case))
+def write_batches(case: dict[str, Any], path: Path, seed: int) -> None:
+    """The dataset; per worker and local step, the rows jaxps's worker reads then; and the
+    parameters jaxps starts from (`init/<variable path>`), which TensorFlow starts from too."""
+    training = config.parse(jaxps_training(case, seed))
     data = models.build_dataset(
         name=training.dataset.name, kwargs=training.dataset.kwargs, seed=training.seed
     )
@@ -203,7 +216,18 @@ def write_batches(case: dict[str, Any], path: Path) -> None:
         ]
     )
     train, test = data._train, data.test()
-    np.savez(path, order=order, **train, **{f"test_{k}": v for k, v in test.items()})
+    model = models.build_model(
+        name=training.model.name, kwargs=training.model.kwargs, example=data.test
+    )
+    arrays: dict[str, Any] = {"order": order, **train}
+    arrays |= {f"test_{k}": v for k, v in test.items()}
+    arrays |= {
+        "init/" + "/".join(str(getattr(key, "key", key)) for key in keys): np.asarray(value)
+        for keys, value in jax.tree_util.tree_flatten_with_path(
+            model.init(jax.random.PRNGKey(training.seed))
+        )[0]
+    }
+    np.savez(path, **arrays)
 
 
 def children_cpu_seconds() -> float:
@@ -262,11 +286,11 @@ def run_tensorflow(python: str, case: dict[str, Any], data: Path, work: Path) ->
     }
 
 
-def run_jaxps(case: dict[str, Any], work: Path, *, tls: bool) -> dict[str, Any]:
+def run_jaxps(case: dict[str, Any], work: Path, *, tls: bool, seed: int) -> dict[str, Any]:
     cpu = children_cpu_seconds()
     started = time.monotonic()
     job = launch.LocalJob.start(
-        training=jaxps_training(case), log_dir=work, ps=PS, workers=WORKERS, tls=tls
+        training=jaxps_training(case, seed), log_dir=work, ps=PS, workers=WORKERS, tls=tls
     )
     try:
         codes = job.wait(timeout=900)
@@ -316,13 +340,14 @@ def main() -> None:
         runs: dict[str, list[dict[str, Any]]] = {"tf": [], "jaxps": [], "tls": []}
         with tempfile.TemporaryDirectory(prefix="jaxps-vs-tf-") as tmp:
             work = Path(tmp)
-            data = work / "batches.npz"
-            write_batches(case, data)
             for r in range(args.rounds):
+                # Round r: seed r on both sides (the same initial values and batches).
                 if args.tf_python:
+                    data = work / f"batches-{r}.npz"
+                    write_batches(case, data, seed=r)
                     runs["tf"].append(run_tensorflow(args.tf_python, case, data, work / f"tf-{r}"))
-                runs["jaxps"].append(run_jaxps(case, work / f"jaxps-{r}", tls=False))
-                runs["tls"].append(run_jaxps(case, work / f"tls-{r}", tls=True))
+                runs["jaxps"].append(run_jaxps(case, work / f"jaxps-{r}", tls=False, seed=r))
+                runs["tls"].append(run_jaxps(case, work / f"tls-{r}", tls=True, seed=r))
                 print(
                     f"{name} round {r + 1}/{args.rounds}: "
                     + (

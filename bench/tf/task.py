@@ -10,7 +10,8 @@ and feeds its batches with `feed_dict`. Worker 0 is the chief; it evaluates the 
     python bench/tf/task.py --cluster JSON --job worker --index 0 --case JSON --data D --out R
 
 The data file holds the very batches jaxps reads (`x`/`ids`, `y`, `test_*`, and `order`: per
-worker, per local step, the rows of its batch), so both systems train on the same examples.
+worker, per local step, the rows of its batch) and the parameters jaxps starts from
+(`init/<variable path>`), so both systems train from the same values on the same examples.
 A worker writes its span to `--out` as jaxps's workers report theirs: the wall time and global
 step at the end of its first (warm-up) step and of its last step, and the bytes of the model's
 variables on each ps; the chief adds its test accuracy.
@@ -50,27 +51,45 @@ def partitioner(case: dict[str, Any], shape: list[int]) -> Any:
     return v1.fixed_size_partitioner(parts) if parts > 1 else None
 
 
-def glorot(case: dict[str, Any], name: str, shape: list[int]) -> Any:
-    return v1.get_variable(
-        name,
-        shape,
-        initializer=v1.glorot_uniform_initializer(),
-        partitioner=partitioner(case, shape),
-    )
+class Initial:
+    """The values jaxps starts from (`init/<variable path>` in the data file), fed to the
+    chief's variable initialisers through placeholders (`Scaffold(init_feed_dict=...)`), so
+    that both systems start from the very same parameters and differ only in how they train:
+    test accuracies compared then are not two draws of a random initialisation."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+        self.feed: dict[Any, np.ndarray] = {}
+
+    def variable(self, case: dict[str, Any], name: str, shape: list[int]) -> Any:
+        path = f"{v1.get_variable_scope().name}/{name}".lstrip("/")
+        value = self.data[f"init/{path}"]
+        if list(value.shape) != shape:
+            raise ValueError(f"{path}: jaxps starts it at shape {value.shape}, not {shape}")
+        # On the worker that feeds it: each part's initialiser takes its own rows.
+        with v1.device(None):
+            placeholder = v1.placeholder(tf.float32, shape, name=f"{name}_initial")
+        self.feed[placeholder] = value
+
+        def initializer(part: list[int], dtype: Any = None, partition_info: Any = None) -> Any:
+            if partition_info is None:
+                return placeholder
+            return tf.slice(placeholder, partition_info.var_offset, part)
+
+        return v1.get_variable(
+            name, shape, initializer=initializer, partitioner=partitioner(case, shape)
+        )
 
 
-def zeros(name: str, shape: list[int]) -> Any:
-    return v1.get_variable(name, shape, initializer=v1.zeros_initializer())
-
-
-def mlp(case: dict[str, Any], inputs: dict[str, Any]) -> tuple[Any, Any]:
-    """jaxps's `mlp`: relu hidden layers, then logits; glorot-uniform kernels, zero biases."""
+def mlp(case: dict[str, Any], inputs: dict[str, Any], initial: Initial) -> tuple[Any, Any]:
+    """jaxps's `mlp`: relu hidden layers, then logits."""
     widths = [64, *case["hidden"], 10]
     x = inputs["x"]
     names = [f"hidden_{i}" for i in range(len(case["hidden"]))] + ["output"]
     for i, name in enumerate(names):
         with v1.variable_scope(name):
-            x = x @ glorot(case, "kernel", widths[i : i + 2]) + zeros("bias", [widths[i + 1]])
+            kernel = initial.variable(case, "kernel", widths[i : i + 2])
+            x = x @ kernel + initial.variable(case, "bias", [widths[i + 1]])
         if name != "output":
             x = tf.nn.relu(x)
     labels = inputs["y"]
@@ -81,19 +100,18 @@ def mlp(case: dict[str, Any], inputs: dict[str, Any]) -> tuple[Any, Any]:
     return loss, accuracy
 
 
-def embedding(case: dict[str, Any], inputs: dict[str, Any]) -> tuple[Any, Any]:
+def embedding(case: dict[str, Any], inputs: dict[str, Any], initial: Initial) -> tuple[Any, Any]:
     """jaxps's `embedding`: the mean embedding of an example's ids into one logit. The table is
     partitioned over the ps tasks by rows as jaxps splits it (`partitioner`) and read by
-    `embedding_lookup`, so a step moves only the rows it uses (IndexedSlices gradients)."""
-    table = v1.get_variable(
-        "embedding",
-        [case["rows"], case["dim"]],
-        initializer=v1.random_normal_initializer(stddev=0.01),
-        partitioner=partitioner(case, [case["rows"], case["dim"]]),
-    )
-    pooled = tf.reduce_mean(tf.nn.embedding_lookup(table, inputs["ids"]), axis=1)
+    `embedding_lookup`, so a step moves only the rows it uses (IndexedSlices gradients); id i
+    reads row i as in jaxps ("div": the parts hold consecutive ids; TF1's default, "mod", would
+    read id i from part i % parts)."""
+    table = initial.variable(case, "embedding", [case["rows"], case["dim"]])
+    rows = v1.nn.embedding_lookup(table, inputs["ids"], partition_strategy="div")
+    pooled = tf.reduce_mean(rows, axis=1)
     with v1.variable_scope("dense"):
-        logits = (pooled @ glorot(case, "kernel", [case["dim"], 1]) + zeros("bias", [1]))[:, 0]
+        kernel = initial.variable(case, "kernel", [case["dim"], 1])
+        logits = (pooled @ kernel + initial.variable(case, "bias", [1]))[:, 0]
     labels = inputs["y"]
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
     accuracy = tf.reduce_mean(tf.cast(tf.equal(logits > 0, labels > 0.5), tf.float32))
@@ -163,7 +181,8 @@ def main() -> None:
             ),
             "y": v1.placeholder(tf.as_dtype(data["y"].dtype), [None]),
         }
-        loss, accuracy = (embedding if case["model"] == "embedding" else mlp)(case, inputs)
+        initial = Initial(data)
+        loss, accuracy = (embedding if case["model"] == "embedding" else mlp)(case, inputs, initial)
         optimizer = v1.train.AdagradOptimizer(
             case["learning_rate"], initial_accumulator_value=case["initial_accumulator_value"]
         )
@@ -188,6 +207,7 @@ def main() -> None:
     with v1.train.MonitoredTrainingSession(
         master=server.target,
         is_chief=is_chief,
+        scaffold=v1.train.Scaffold(init_feed_dict=initial.feed),
         hooks=hooks,
         chief_only_hooks=[evaluate],
         config=config,
