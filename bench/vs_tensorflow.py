@@ -309,6 +309,10 @@ def run_jaxps(case: dict[str, Any], work: Path, *, tls: bool, seed: int) -> dict
     }
 
 
+def progress(run: dict[str, Any]) -> str:
+    return f"{run['steps_per_second']:.1f} steps/s, test accuracy {run['accuracy']:.4f}"
+
+
 def median(runs: list[dict[str, Any]], key: str) -> float:
     return statistics.median(float(run[key]) for run in runs)
 
@@ -349,14 +353,10 @@ def main() -> None:
                 runs["jaxps"].append(run_jaxps(case, work / f"jaxps-{r}", tls=False, seed=r))
                 runs["tls"].append(run_jaxps(case, work / f"tls-{r}", tls=True, seed=r))
                 print(
-                    f"{name} round {r + 1}/{args.rounds}: "
-                    + (
-                        f"tf {runs['tf'][-1]['steps_per_second']:.1f} steps/s, "
-                        if runs["tf"]
-                        else ""
-                    )
-                    + f"jaxps {runs['jaxps'][-1]['steps_per_second']:.1f} steps/s, "
-                    f"with TLS {runs['tls'][-1]['steps_per_second']:.1f} steps/s",
+                    f"{name} round {r + 1}/{args.rounds} (seed {r}): "
+                    + (f"tf {progress(runs['tf'][-1])}, " if runs["tf"] else "")
+                    + f"jaxps {progress(runs['jaxps'][-1])}, "
+                    f"with TLS {progress(runs['tls'][-1])}",
                     file=sys.stderr,
                     flush=True,
                 )
