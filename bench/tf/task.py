@@ -55,21 +55,23 @@ class Initial:
     """The values jaxps starts from (`init/<variable path>` in the data file), fed to the
     chief's variable initialisers through placeholders (`Scaffold(init_feed_dict=...)`), so
     that both systems start from the very same parameters and differ only in how they train:
-    test accuracies compared then are not two draws of a random initialisation."""
+    test accuracies compared then are not two draws of a random initialisation. Only the
+    chief initialises, so only the chief reads the values (`data` None on the others)."""
 
-    def __init__(self, data: Any) -> None:
+    def __init__(self, data: Any | None) -> None:
         self.data = data
         self.feed: dict[Any, np.ndarray] = {}
 
     def variable(self, case: dict[str, Any], name: str, shape: list[int]) -> Any:
         path = f"{v1.get_variable_scope().name}/{name}".lstrip("/")
-        value = self.data[f"init/{path}"]
-        if list(value.shape) != shape:
-            raise ValueError(f"{path}: jaxps starts it at shape {value.shape}, not {shape}")
         # On the worker that feeds it: each part's initialiser takes its own rows.
         with v1.device(None):
             placeholder = v1.placeholder(tf.float32, shape, name=f"{name}_initial")
-        self.feed[placeholder] = value
+        if self.data is not None:
+            value = self.data[f"init/{path}"]
+            if list(value.shape) != shape:
+                raise ValueError(f"{path}: jaxps starts it at shape {value.shape}, not {shape}")
+            self.feed[placeholder] = value
 
         def initializer(part: list[int], dtype: Any = None, partition_info: Any = None) -> Any:
             if partition_info is None:
@@ -181,7 +183,7 @@ def main() -> None:
             ),
             "y": v1.placeholder(tf.as_dtype(data["y"].dtype), [None]),
         }
-        initial = Initial(data)
+        initial = Initial(data if is_chief else None)
         loss, accuracy = (embedding if case["model"] == "embedding" else mlp)(case, inputs, initial)
         optimizer = v1.train.AdagradOptimizer(
             case["learning_rate"], initial_accumulator_value=case["initial_accumulator_value"]
