@@ -176,15 +176,23 @@ def tf_case(case: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def jaxps_ps_bytes(case: dict[str, Any]) -> list[int]:
-    """The bytes of the model's parameters jaxps places on each ps (not the optimizer state)."""
-    training = config.parse(jaxps_training(case))
+def built(
+    case: dict[str, Any], seed: int = 0
+) -> tuple[config.TrainingConfig, models.Dataset, models.Model]:
+    """The case's training with `seed`, its dataset and its model, as a jaxps task builds them."""
+    training = config.parse(jaxps_training(case, seed))
     data = models.build_dataset(
         name=training.dataset.name, kwargs=training.dataset.kwargs, seed=training.seed
     )
     model = models.build_model(
         name=training.model.name, kwargs=training.model.kwargs, example=data.test
     )
+    return training, data, model
+
+
+def jaxps_ps_bytes(case: dict[str, Any]) -> list[int]:
+    """The bytes of the model's parameters jaxps places on each ps (not the optimizer state)."""
+    training, _, model = built(case)
     shapes = jax.eval_shape(model.init, jax.random.PRNGKey(training.seed))
     return placement.plan(
         placement.variables_of(shapes),
@@ -197,10 +205,7 @@ def jaxps_ps_bytes(case: dict[str, Any]) -> list[int]:
 def write_batches(case: dict[str, Any], path: Path, seed: int) -> None:
     """The dataset; per worker and local step, the rows jaxps's worker reads then; and the
     parameters jaxps starts from (`init/<variable path>`), which TensorFlow starts from too."""
-    training = config.parse(jaxps_training(case, seed))
-    data = models.build_dataset(
-        name=training.dataset.name, kwargs=training.dataset.kwargs, seed=training.seed
-    )
+    training, data, model = built(case, seed)
     assert isinstance(data, models.ArrayDataset)
     order = np.stack(
         [
@@ -216,9 +221,6 @@ def write_batches(case: dict[str, Any], path: Path, seed: int) -> None:
         ]
     )
     train, test = data._train, data.test()
-    model = models.build_model(
-        name=training.model.name, kwargs=training.model.kwargs, example=data.test
-    )
     arrays: dict[str, Any] = {"order": order, **train}
     arrays |= {f"test_{k}": v for k, v in test.items()}
     arrays |= {

@@ -163,6 +163,9 @@ class PsClient:
         with self._pushes:
             self._cancelled = True
             self._pushes.wait_for(lambda: self._pushing == 0, timeout=stopping.PUSH_GRACE_SECONDS)
+        self._close_connections()
+
+    def _close_connections(self) -> None:
         for peer in self._bulk:
             peer.close()
         for channel in self._channels:
@@ -729,10 +732,7 @@ class PsClient:
             )
         self._unregister()
         self._pool.shutdown(wait=True)
-        for peer in self._bulk:
-            peer.close()
-        for ch in self._channels:
-            ch.close()
+        self._close_connections()
 
     def __enter__(self) -> PsClient:
         return self

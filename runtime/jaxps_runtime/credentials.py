@@ -121,13 +121,8 @@ class TaskCredentials:
         context.verify_mode = ssl.CERT_REQUIRED
         context.load_verify_locations(cadata=self.ca.decode("ascii"))
         with tempfile.TemporaryDirectory(prefix="jaxps-tls-") as tmp:  # mode 0700
-            cert = Path(tmp) / CERT_FILE
-            cert.write_bytes(self.cert)
-            key = Path(tmp) / KEY_FILE
-            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                out.write(self.key)
-            context.load_cert_chain(cert, key)
+            self.write(Path(tmp))
+            context.load_cert_chain(Path(tmp) / CERT_FILE, Path(tmp) / KEY_FILE)
         return context
 
     @classmethod
