@@ -83,7 +83,14 @@ def test_a_killed_ps_is_restarted_and_every_shard_rolls_back_to_the_last_checkpo
     )
     assert job.standby is not None
     loaded_ahead = job.standby.process
-    waiting.wait_for(lambda: _step(job, metric, "worker-0") >= 170, job, what="step 170")
+    waiting.wait_for(
+        lambda: (
+            _step(job, metric, "worker-0") >= 170 and bool(checkpoint.committed(tmp_path / "ckpt"))
+        ),
+        job,
+        what="step 170 and a committed checkpoint",
+    )
+    newest_committed = checkpoint.committed(tmp_path / "ckpt")[0].step
     killed_at = _step(job, metric, "worker-0")
     _kill_and_restart(job, "ps-0")
     # the restarted ps is the standby, which took ps-0's address, log and credentials; a new
@@ -100,10 +107,12 @@ def test_a_killed_ps_is_restarted_and_every_shard_rolls_back_to_the_last_checkpo
     assert abs(summary["eval"]["accuracy"] - undisturbed["eval"]["accuracy"]) <= 0.01
     [recovery] = summary["recoveries"]
     assert "ps-0" in recovery["reason"]
-    lost = killed_at - recovery["toStep"]
-    # back to the last committed checkpoint: one interval, or two when the kill came while the
-    # latest checkpoint was still being written (it is then never committed, nor restored)
-    assert 0 <= lost <= 2 * EVERY, recovery
+    # Back to the last committed checkpoint: never behind the newest one committed before the
+    # kill. How far behind the killed step that is depends on how fast the machine trains while
+    # a checkpoint is written (one not committed at the kill is never restored), not a count of
+    # intervals: a loaded machine trains past several before one is committed.
+    assert newest_committed <= recovery["toStep"] <= killed_at, (newest_committed, recovery)
+    assert recovery["toStep"] % EVERY == 0, recovery
     # The data went back with the parameters: each worker read on from the checkpoint's cursor
     # for it (the batches whose updates the rollback undid are used again, once).
     [restored] = [
