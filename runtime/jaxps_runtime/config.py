@@ -31,9 +31,25 @@ import yaml
 from jaxps_runtime import catalog
 
 MODES = ("sync", "async", "boundedStaleness")
+ON_DIVERGENCE = ("fail", "rollback")
 EXIT_INVALID_TRAINING = 78
 """A task's exit code when its training configuration is invalid (sysexits' EX_CONFIG): the
 control plane fails the job at once (reason InvalidTraining) and never retries it."""
+EXIT_USER_CODE = 79
+"""The user's model, dataset or evaluation raised: another pod would raise the same."""
+EXIT_DIVERGED = 80
+"""The loss, a gradient or an update is not finite (and no rollback is left to try)."""
+EXIT_STALLED = 81
+"""The global step has not moved for `progressTimeoutSeconds` while the job should train."""
+FINAL_EXITS: Mapping[int, str] = {
+    EXIT_INVALID_TRAINING: "InvalidTraining",
+    EXIT_USER_CODE: "UserCodeError",
+    EXIT_DIVERGED: "Diverged",
+    EXIT_STALLED: "Stalled",
+}
+"""Exit codes that end the job at once, whatever the role's restart policy, with the reason
+named here; the task's termination log (`termination`) holds the message. A replacement pod
+would meet the same cause: retrying only hides it."""
 
 T = TypeVar("T")
 
@@ -211,6 +227,11 @@ class TrainingConfig:
     startupTimeoutSeconds: float = 300.0  # noqa: N815
     exportPath: str | None = None  # noqa: N815 - the chief writes the final parameters here
     tensorboard: TensorBoardConfig | None = None  # None: no event files
+    # Stalled: the global step did not move for this long while training (0: never).
+    progressTimeoutSeconds: float = 600.0  # noqa: N815
+    onDivergence: str = "fail"  # noqa: N815 - or "rollback" to the last checkpoint
+    maxRollbacks: int = 3  # noqa: N815 - rollbacks on divergence before the job fails
+    summaryEverySteps: int = 10  # noqa: N815 - a TensorBoard training point every N steps
 
     @property
     def staleness(self) -> int:
@@ -407,6 +428,22 @@ def _check(raw: object, path: str) -> tuple[TrainingConfig, list[str]]:
     worker_timeout = found.check(
         None, lambda: top.number("workerTimeoutSeconds", default.workerTimeoutSeconds, minimum=0.5)
     )
+    progress_timeout = found.check(
+        default.progressTimeoutSeconds,
+        lambda: top.number(
+            "progressTimeoutSeconds", default.progressTimeoutSeconds, minimum=0.0
+        ),
+    )
+    on_divergence = found.check(
+        default.onDivergence,
+        lambda: top.string("onDivergence", default.onDivergence, allowed=ON_DIVERGENCE)
+        or default.onDivergence,
+    )
+    max_rollbacks = found.check(
+        default.maxRollbacks,
+        lambda: top.integer("maxRollbacks", default.maxRollbacks, minimum=0),
+    )
+    summary_every = integer("summaryEverySteps", default.summaryEverySteps, minimum=1)
     export_path = found.check(None, lambda: top.string("exportPath", None))
     tensorboard = found.check(
         None, lambda: _tensorboard(top.get("tensorboard"), f"{path}.tensorboard")
@@ -439,6 +476,10 @@ def _check(raw: object, path: str) -> tuple[TrainingConfig, list[str]]:
         startupTimeoutSeconds=startup_timeout,
         exportPath=export_path,
         tensorboard=tensorboard,
+        progressTimeoutSeconds=progress_timeout,
+        onDivergence=on_divergence,
+        maxRollbacks=default.maxRollbacks if max_rollbacks is None else max_rollbacks,
+        summaryEverySteps=summary_every,
     )
     return training, found.found
 
