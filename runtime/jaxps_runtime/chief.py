@@ -37,6 +37,7 @@ from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps_runtime import (
     checkpoint,
     cluster,
+    outcome,
     recovery,
     rpc,
     server,
@@ -50,7 +51,14 @@ from jaxps_runtime.config import TrainingConfig
 from jaxps_runtime.coordinator import CoordinatorServicer, Member, Membership
 from jaxps_runtime.policy import Mode
 from jaxps_runtime.task import Task
-from jaxps_runtime.worker import SPAN_KEYS, Worker, overlap_steps_per_second
+from jaxps_runtime.worker import (
+    DIVERGED_BATCH,
+    DIVERGED_EPOCH,
+    DIVERGED_STEP,
+    SPAN_KEYS,
+    Worker,
+    overlap_steps_per_second,
+)
 
 log = logging.getLogger(__name__)
 
@@ -177,43 +185,48 @@ class Chief:
             self.training.tensorboard, run=summaries.TRAIN, task=task.name
         )
         self._recorded: int | None = None  # the step of the last TensorBoard point
+        self._worker_error: BaseException | None = None  # how worker 0's thread failed
+        self.rollbacks = 0  # on divergence (training.onDivergence: rollback)
+        self._seen: tuple[watch.PsSeen, ...] = ()  # the last look at the ps tier
 
     def run(self) -> int:
+        """Coordinates the job to its end: 0 once its outcome is recorded (the summary in the
+        termination log) and the ps tasks are told to shut down.
+
+        Every ps is told to shut down only then. On any failure before (the chief's own, or a
+        cause that ends the job: `outcome.JobFailure`), the ps tasks stay serving: a
+        replacement chief adopts them, or the control plane removes them as the job ends. A
+        ps lost while finishing is recovered like one lost while training, and the finish is
+        done again (`_finish` is resumable, by this chief or by its replacement)."""
         self._server.start()
         self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.task.metrics.ready.set()
         client = self.task.ps_client()
-        worker_result: list[int] = []
         worker_thread: threading.Thread | None = None
         try:
             self._initialise(client)
             if self.trains:
                 # A daemon: if the chief fails, the process exits instead of waiting for it.
-                worker_thread = threading.Thread(
-                    target=lambda: worker_result.append(self._train()),
-                    name="worker-0",
-                    daemon=True,
-                )
+                worker_thread = threading.Thread(target=self._train, name="worker-0", daemon=True)
                 worker_thread.start()
-            code = self._watch(client)
-            if worker_thread is not None:
-                worker_thread.join()
-                self.task.stop.check()  # worker-0 was stopped, not failed
-                if worker_result != [0]:
-                    code = code or 1
-            if code == 0:
+            while True:
+                code = self._watch(client)
+                if code != 0:
+                    log.error("the chief failed: leaving every ps serving for a replacement")
+                    return code
                 try:
                     self._finish(client)
-                except Exception:  # not on `stopping.Stopped`: the ps tasks are left serving
-                    self._shutdown(client, reason="the chief failed while finishing")
-                    raise
-            else:
-                # The ps tasks stay: a replacement chief adopts them (the restart policy decides
-                # whether there is one), and the control plane removes them when the job ends.
-                # Shut down, they would exit 0 and never be replaced: the job could not recover.
-                log.error("the chief failed: leaving every ps serving for a replacement chief")
-            return code
+                    break
+                except PsClientError as err:
+                    if err.code not in _GONE and not isinstance(err, PsRestartedError):
+                        raise
+                    log.warning("%s while finishing: recovering, then finishing again", err)
+            if worker_thread is not None:
+                worker_thread.join()
+                self._worker_failed()
+            return 0
         finally:
+            self.task.metrics.training.set(0)
             if worker_thread is not None and self.task.stop.is_set:
                 worker_thread.join(timeout=stopping.PUSH_GRACE_SECONDS + 1)
             self.task.metrics.ready.clear()
@@ -221,23 +234,25 @@ class Chief:
             client.close()
             self._server.stop(2).wait()
 
-    def _shutdown(self, client: PsClient, *, reason: str) -> None:
-        """Best effort on the way out after a failure: no ps is left behind if it answers.
-        Never when the chief is stopping: then a replacement chief adopts the ps tasks."""
-        self.task.stop.check()
+    def _train(self) -> None:
+        """Worker 0's loop in its thread; how it ended is kept for the chief (`_worker_failed`)."""
         try:
-            client.shutdown(reason=reason)
-        except PsClientError as err:
-            log.warning("could not shut every ps down: %s", err)
-
-    def _train(self) -> int:
-        try:
-            return Worker(self.task).run()
+            Worker(self.task).run()
         except stopping.Stopped:
-            return self.task.stop.exit_code
-        except Exception:
+            pass
+        except BaseException as err:
             log.exception("worker-0 failed")
-            return 1
+            self._worker_error = err
+
+    def _worker_failed(self) -> None:
+        """Raises what ended worker 0's thread, if it failed: a cause that ends the job as it
+        is, anything else as a failure of the chief (the process is both)."""
+        err = self._worker_error
+        if err is None:
+            return
+        if isinstance(err, outcome.JobFailure):
+            raise err
+        raise RuntimeError(f"worker-0 failed: {type(err).__name__}: {err}") from err
 
     def _initialise(self, client: PsClient) -> None:
         training = self.training
@@ -331,6 +346,8 @@ class Chief:
             seen, unreachable = (), str(err)
         now = time.monotonic()
         alive = self.membership.live_workers(now=now, timeout=self.training.workerTimeoutSeconds)
+        if seen:
+            self._seen = seen
         return watch.Observation(
             now=now,
             ps=seen,
@@ -341,7 +358,10 @@ class Chief:
 
     def _watch(self, client: PsClient) -> int:
         """Until the global step reaches `steps`; returns 0, or 1 if every worker is gone. The
-        decisions are `watch.decide`'s; this carries them out."""
+        decisions are `watch.decide`'s; this carries them out. Raises `outcome.StalledError`
+        when the step has not moved for `progressTimeoutSeconds` while training (the clock
+        starts again after every start, rollback and checkpoint), `outcome.DivergedError`
+        past `maxRollbacks`, and what ended worker 0's thread."""
         training = self.training
         policy = self.checkpointer.policy(steps=training.steps)
         state = watch.State(
@@ -351,23 +371,36 @@ class Chief:
             last_checkpoint_time=time.monotonic(),
         )
         last_log, last_step, last_time = time.monotonic(), self.membership.step, time.monotonic()
+        moved = (self.membership.step, time.monotonic())  # the step, and since when
+        self.task.metrics.training.set(1)
         while True:
+            if self._worker_error is not None:
+                self._worker_failed()
             observation = self._observe(client)
             state, actions = watch.decide(policy, state, observation)
             now, step, loss = observation.now, self.membership.step, math.nan
+            diverged = self._divergence()
+            if diverged and not any(isinstance(a, watch.Recover | watch.Stop) for a in actions):
+                actions = [watch.Recover(diverged)]
             for action in actions:
                 match action:
                     case watch.Recover(reason=reason):
+                        self.task.metrics.training.set(0)
+                        if reason is diverged:
+                            self._roll_back_divergence(reason)
                         self._recover(client, reason)
                         state = dataclasses.replace(
                             state, epoch=client.epoch, incarnations=tuple(client.incarnations)
                         )
+                        moved = (self.membership.step, time.monotonic())
+                        self.task.metrics.training.set(1)
                     case watch.Progress(step=step):
                         loss = self._progress(step)
                     case watch.Stop(step=step):  # the curves end at the last step
                         self._record(
                             step=step, loss=loss, rate=_rate(step, last_step, now - last_time)
                         )
+                        self.task.metrics.training.set(0)
                         return 0
                     case watch.Checkpoint(step=target):
                         self.checkpointer.start(
@@ -390,14 +423,72 @@ class Chief:
                         return 1
             if any(isinstance(action, watch.Recover) for action in actions):
                 continue
+            if step != moved[0] or self.checkpointer.busy:
+                moved = (step, now)
+            elif 0 < training.progressTimeoutSeconds <= now - moved[1]:
+                raise outcome.StalledError(self._stall_report(step, seconds=now - moved[1]))
+            if self._summary_due(step):
+                self._record(step=step, loss=loss, rate=_rate(step, last_step, now - last_time))
             if now - last_log >= training.logEverySeconds:
                 rate = _rate(step, last_step, now - last_time)
                 self.task.metrics.steps_per_second.set(rate)
                 shown = f"{loss:.4f}" if step > 0 else "-"  # no loss before the first step
                 log.info("step %d/%d  loss %s  %.1f steps/s", step, training.steps, shown, rate)
-                self._record(step=step, loss=loss, rate=rate)
                 last_log, last_step, last_time = now, step, now
             self.task.stop.sleep(min(0.2, training.heartbeatSeconds))
+
+    def _divergence(self) -> str | None:
+        """A worker's report of a divergence at the current epoch (onDivergence: rollback),
+        as the reason of the rollback it asks for; None without one."""
+        for m in self.membership.members():
+            if m.task not in self.membership.workers or DIVERGED_EPOCH not in m.metrics:
+                continue
+            if int(m.metrics[DIVERGED_EPOCH]) == self.membership.epoch:
+                return (
+                    f"{m.task} diverged at global step {int(m.metrics.get(DIVERGED_STEP, 0))} "
+                    f"(batch {int(m.metrics.get(DIVERGED_BATCH, 0))} of its data shard)"
+                )
+        return None
+
+    def _roll_back_divergence(self, reason: str) -> None:
+        """Counts a rollback on divergence; `outcome.DivergedError` past `maxRollbacks`."""
+        self.rollbacks += 1
+        limit = self.training.maxRollbacks
+        if self.rollbacks > limit:
+            raise outcome.DivergedError(
+                f"{reason}, and training.maxRollbacks ({limit}) rollbacks are used up; lower "
+                "the learning rate"
+            )
+        log.error(
+            "%s: rollback %d of at most %d, skipping that batch", reason, self.rollbacks, limit
+        )
+
+    def _stall_report(self, step: int, *, seconds: float) -> str:
+        """Why the step stands still, as each task last said: what each worker and the
+        evaluator waits for, and where each ps is."""
+        now = time.monotonic()
+        parts = []
+        for m in sorted(self.membership.members(), key=lambda m: m.task):
+            heard = now - m.last_seen
+            doing = f"waits for {m.waiting}" if m.waiting else "is not waiting (computing)"
+            if m.done:
+                doing = "is done"
+            parts.append(f"{m.task} {doing} (at step {m.step}, last heard {heard:.0f} s ago)")
+        for i, ps in enumerate(self._seen):
+            parts.append(
+                f"ps-{i} is {ps_pb2.PsState.Name(ps.state)} at step {ps.step} (epoch {ps.epoch})"
+            )
+        return (
+            f"the global step has not moved from {step} for {seconds:.0f} s "
+            f"(training.progressTimeoutSeconds: {self.training.progressTimeoutSeconds:g}): "
+            + "; ".join(parts)
+        )
+
+    def _summary_due(self, step: int) -> bool:
+        """Whether the step crossed a multiple of `summaryEverySteps` since the last point."""
+        every = self.training.summaryEverySteps
+        last = self._recorded if self._recorded is not None else 0
+        return step > last and step // every > last // every
 
     def _progress(self, step: int) -> float:
         """Publishes the global step, the workers' mean loss (returned) and their examples per
@@ -434,8 +525,15 @@ class Chief:
         self.tensorboard.scalars(values, step=step)
 
     def _finish(self, client: PsClient) -> None:
+        """Drains, checkpoints, evaluates and exports at the last step, then records the
+        outcome, and only then tells the workers to stop and every ps to shut down.
+
+        Resumable: until the outcome is recorded nothing is torn down, so a ps lost here is
+        recovered and the finish is done again (`run`), and a replacement chief finds every
+        ps still at the last step and the workers waiting (drained) for its word. Once the
+        outcome is in the termination log, a ps or the chief lost is no failure of the job:
+        the control plane reads the recorded summary."""
         training = self.training
-        self.membership.stop = True
         has_evaluator = self.task.spec.cluster.num_tasks(cluster.EVALUATOR) > 0
         waiting_for = set(
             self.membership.live_workers(
@@ -475,6 +573,11 @@ class Chief:
                     self.checkpoint_error,
                     self.checkpointer.last_step,
                 )
+        not_finite = sorted(n for n, v in named.items() if not np.isfinite(v).all())
+        if not_finite:  # never "Succeeded" with a ruined model
+            raise outcome.DivergedError(
+                f"the final parameters of step {step} are not finite: {', '.join(not_finite)}"
+            )
         if evaluator is not None and evaluator.done and evaluator.metrics:
             evaluation = dict(evaluator.metrics)  # the evaluator wrote them to TensorBoard
         else:
@@ -487,8 +590,12 @@ class Chief:
         if training.exportPath:
             _export(Path(training.exportPath), named)
         self.task.stop.check()  # stopping: the ps tasks stay up for a replacement chief
-        client.shutdown(reason=f"training done at step {step}")
-        self._summary(step=step, evaluation=evaluation)
+        self._summary(step=step, evaluation=evaluation)  # the outcome, recorded
+        self.membership.stop = True
+        try:
+            client.shutdown(reason=f"training done at step {step}")
+        except PsClientError as err:  # the outcome is recorded: the control plane cleans up
+            log.warning("could not shut every ps down: %s", err)
 
     def _summary(self, *, step: int, evaluation: dict[str, float]) -> None:
         first_t, first, last_t, last = SPAN_KEYS

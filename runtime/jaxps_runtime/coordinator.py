@@ -40,6 +40,7 @@ class Member:
     done: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
     examples_per_second: float = 0.0
+    waiting: str = ""  # what it waits for, as it said in its last heartbeat
 
 
 class Membership:
@@ -71,6 +72,7 @@ class Membership:
                 member.step, member.loss, member.done = request.step, request.loss, request.done
                 member.metrics = dict(request.metrics)
                 member.examples_per_second = request.examples_per_second
+                member.waiting = request.waiting
 
     def watching_from(self, now: float) -> None:
         """The chief starts watching: a worker not heard from yet, or heard from only before
@@ -208,6 +210,7 @@ class CoordinatorClient:
         done: bool = False,
         metrics: dict[str, float] | None = None,
         examples_per_second: float = 0.0,
+        waiting: str = "",
     ) -> co_pb2.CoordinatorState | None:
         request = co_pb2.HeartbeatRequest(
             id=self._id,
@@ -217,6 +220,7 @@ class CoordinatorClient:
             done=done,
             metrics=metrics or {},
             examples_per_second=examples_per_second,
+            waiting=waiting,
         )
         if self._stop.is_set:
             return None

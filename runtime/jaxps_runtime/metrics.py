@@ -49,6 +49,11 @@ class Metrics:
         self.last_checkpoint_step = gauge(
             "jaxps_last_checkpoint_step", "The step of the last committed checkpoint."
         )
+        self.training = gauge(
+            "jaxps_training",
+            "1 while the chief trains (the global step should move); 0 while it starts, "
+            "restores, recovers or finishes.",
+        )
         self.staleness = gauge(
             "jaxps_staleness", "Steps between a gradient's pull and its application."
         )
@@ -58,6 +63,13 @@ class Metrics:
         self.bytes_pulled = Counter(
             "jaxps_bytes_pulled", "Bytes of parameters pulled.", ["task"], registry=self.registry
         ).labels(**labels)
+        self.refused_updates = Counter(
+            "jaxps_ps_refused_updates",
+            "Updates a ps refused, by reason: nonfinite_gradient (a pushed gradient had a NaN "
+            "or an inf), nonfinite_update (the optimizer's step made a parameter NaN or inf).",
+            ["task", "reason"],
+            registry=self.registry,
+        )
         self._eval = Gauge(
             "jaxps_eval",
             "The latest evaluation metrics.",

@@ -16,7 +16,17 @@ from typing import TYPE_CHECKING
 
 import jax
 
-from jaxps_runtime import checkpoint, cluster, config, models, optim, server, stopping, termination
+from jaxps_runtime import (
+    checkpoint,
+    cluster,
+    config,
+    models,
+    optim,
+    outcome,
+    server,
+    stopping,
+    termination,
+)
 from jaxps_runtime.credentials import TaskCredentials
 from jaxps_runtime.metrics import Metrics
 
@@ -78,7 +88,11 @@ def run(
             credentials=credentials,
         )
         where = "training" if training_file is not None else "JAXPS_TRAINING"
-        problems = _start_problems(state, where=where)
+        try:
+            with outcome.user_code("building the model and the dataset", task=task.name):
+                problems = _start_problems(state, where=where)
+        except outcome.JobFailure as failure:
+            return _final(failure)
         if problems:
             return _invalid_training(problems)
         if not task.is_chief(spec.cluster):
@@ -136,6 +150,14 @@ def _batch_problems(state: Task) -> list[str]:
     return []
 
 
+def _final(failure: outcome.JobFailure) -> int:
+    """Ends the task with a cause that ends its job (`outcome`): logged, in the termination
+    log for the control plane, and its exit code (`config.FINAL_EXITS`)."""
+    log.error("%s: %s", failure.reason, failure.message, exc_info=failure.__cause__ is not None)
+    termination.write([f"{failure.reason}: {failure.message}"])
+    return failure.exit_code
+
+
 def _invalid_training(problems: Sequence[str]) -> int:
     for problem in problems:
         log.error("%s", problem)
@@ -159,6 +181,9 @@ def _play(state: Task, *, bind: str | None) -> int:
         if task.type == cluster.WORKER:
             return worker.run(state)
         return evaluator.run(state)
+    except outcome.JobFailure as failure:
+        stop.check()
+        return _final(failure)
     except (TimeoutError, checkpoint.CheckpointError) as err:
         stop.check()
         log.error("%s", err)

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxps_runtime import cluster, models, placement, stopping
+from jaxps_runtime import cluster, models, outcome, placement, stopping
 from jaxps_runtime.client import PsClient
 from jaxps_runtime.config import TrainingConfig
 from jaxps_runtime.coordinator import CoordinatorClient
@@ -102,7 +102,8 @@ class Task:
         return [v.name for v in self.placement.variables if v.name not in self.tables]
 
     def initial_params(self) -> dict[str, np.ndarray]:
-        params = self.model.init(jax.random.PRNGKey(self.training.seed))
+        with outcome.user_code("the model's init", task=self.name):
+            params = self.model.init(jax.random.PRNGKey(self.training.seed))
         return {n: np.asarray(v) for n, v in placement.named_leaves(params)[1].items()}
 
     def ps_client(self) -> PsClient:
@@ -131,6 +132,10 @@ class Task:
         return jax.jit(self.model.evaluate)
 
     def evaluate(self, params: Any) -> dict[str, float]:
-        """The model's metrics on the whole held-out set."""
-        values = self._evaluate(params, self.dataset.test())
-        return {k: float(v) for k, v in values.items()}
+        """The model's metrics on the whole held-out set; `outcome.UserCodeError` when the
+        model's evaluate or the dataset's test raises."""
+        with outcome.user_code("the dataset's test split", task=self.name):
+            test = self.dataset.test()
+        with outcome.user_code("the model's evaluate", task=self.name):
+            values = self._evaluate(params, test)
+            return {k: float(v) for k, v in values.items()}

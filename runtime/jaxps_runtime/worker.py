@@ -27,8 +27,10 @@ from typing import Any
 
 import grpc
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from jaxps_runtime import outcome
 from jaxps_runtime.client import PsClientError, PsRestartedError
 from jaxps_runtime.task import Task
 
@@ -92,6 +94,35 @@ RECOVERABLE = frozenset(
 )
 
 
+DIVERGED_STEP, DIVERGED_BATCH, DIVERGED_EPOCH = "divergedStep", "divergedBatch", "divergedEpoch"
+"""Heartbeat metrics of a worker that diverged with `training.onDivergence: rollback`: the
+global step, its batch (data cursor) and the epoch it diverged at; the chief rolls back once
+per report of its current epoch."""
+
+
+_DIVERGED = -2  # `_step`'s answer when it reported a divergence for a rollback
+
+
+def _finite_step(loss: Any) -> Any:
+    """`jax.value_and_grad(loss)` that also says whether the loss and every gradient are
+    finite: one boolean reduced inside the same compiled step (no host pass over the grads)."""
+    value_and_grad = jax.value_and_grad(loss)
+
+    def step(params: Any, batch: Any) -> tuple[Any, Any, Any]:
+        value, grads = value_and_grad(params, batch)
+        finite = jnp.isfinite(value)
+        for leaf in jax.tree_util.tree_leaves(grads):
+            finite = finite & jnp.all(jnp.isfinite(leaf))
+        return value, grads, finite
+
+    return jax.jit(step)
+
+
+def _not_finite(err: PsClientError) -> bool:
+    """Whether a ps refused an update because its gradient or its result was not finite."""
+    return err.code == grpc.StatusCode.INVALID_ARGUMENT and "finite" in str(err)
+
+
 def overlap_steps_per_second(spans: list[tuple[float, float, float, float]]) -> float:
     """Global steps per second while every worker trained, from each worker's span (first warm
     step's wall time and global step, last step's wall time and global step).
@@ -128,7 +159,12 @@ class Worker:
         # (re)starting or recovering goes on from that record: after the last batch whose
         # gradient reached the ps, or from the restored checkpoint's position.
         self.cursor = 0
-        self._grad = jax.jit(jax.value_and_grad(task.model.loss))
+        self._grad = _finite_step(task.model.loss)
+        self.waiting = ""  # what the worker waits for now: its heartbeats say it
+        self.drained = False  # its training is over; it waits for the chief to end the job
+        self.last_heard = time.monotonic()  # the chief's last answer to a heartbeat
+        self.skip: set[int] = set()  # batches that diverged (onDivergence: rollback)
+        self.diverged: dict[str, float] = {}  # the report of a divergence not rolled back yet
         self._table_rows = {
             v.name: v.shape[0] for v in task.placement.variables if v.name in task.tables
         }
@@ -156,9 +192,13 @@ class Worker:
             state = coordinator.heartbeat(
                 step=self.step,
                 loss=self.loss,
-                metrics=self.times.means(),
+                done=self.drained,
+                metrics={**self.times.means(), **self.diverged},
                 examples_per_second=self.times.examples_per_second(),
+                waiting=self.waiting,
             )
+            if state is not None:
+                self.last_heard = time.monotonic()
             if state is not None and state.stop:
                 log.info("%s: the chief says training is over", self.task.name)
                 self.finished.set()
@@ -167,6 +207,7 @@ class Worker:
         training = self.task.training
         coordinator = self.task.coordinator()
         beat: threading.Thread | None = None
+        trained = False
         try:
             coordinator.register(timeout=training.startupTimeoutSeconds)
             # Heartbeats from registration on: a worker waiting for the ps is alive, however
@@ -178,6 +219,7 @@ class Worker:
                 daemon=True,
             )
             beat.start()
+            self.waiting = "every ps to be ready (the chief initialises or restores them)"
             self.step = self.client.wait_ready(timeout=training.startupTimeoutSeconds)
             self.cursor = self.client.cursors.get(self.task.name, 0)
             log.info(
@@ -192,11 +234,15 @@ class Worker:
                 self.cursor,
             )
             self._loop()
+            while self._drain():
+                self._loop()
+            trained = True
         finally:
             self.finished.set()
             if beat is not None:
                 beat.join(timeout=10)
-                if not self.task.stop.is_set:  # a stopped worker did not finish: no "done"
+                # a stopped or failed worker did not finish: no "done"
+                if trained and not self.task.stop.is_set:
                     coordinator.heartbeat(
                         step=self.step,
                         loss=self.loss,
@@ -219,19 +265,82 @@ class Worker:
             try:
                 min_step = self._step(min_step=min_step, sync=sync)
             except PsClientError as err:
-                if err.code not in RECOVERABLE and not isinstance(err, PsRestartedError):
+                if _not_finite(err):
+                    self._diverge(f"a ps refused its update: {err}")
+                elif err.code not in RECOVERABLE and not isinstance(err, PsRestartedError):
                     raise
                 if not self._recover(err):
                     return
                 self._pulled = None
                 min_step = 0  # the ps tier may have rolled back: take whatever step it is at
-            if min_step < 0:
+            if min_step == _DIVERGED:  # reported (onDivergence: rollback): wait for it
+                if not self._recover("its step diverged"):
+                    return
+                self._pulled = None
+                min_step = 0
+            elif min_step < 0:
                 return
 
-    def _recover(self, err: PsClientError) -> bool:
-        """Waits until every ps is ready again at one epoch; False if training ended meanwhile."""
+    def _drain(self) -> bool:
+        """The worker's training is over (the last step is reached): it says it is done and
+        waits for the chief to record the job's outcome (the chief's stop). True when the ps
+        tier was rolled back below the last step meanwhile (a ps was lost while the chief
+        finished): training goes on. False once the chief says stop, or has not answered for
+        `startupTimeoutSeconds` (the control plane ends the job)."""
+        training = self.task.training
+        self.drained, self.waiting = True, "the chief to record the job's outcome"
+        while not self.finished.wait(training.heartbeatSeconds):
+            self.task.stop.check()
+            if time.monotonic() - self.last_heard > training.startupTimeoutSeconds:
+                log.warning(
+                    "%s: the chief has not answered for %.0f s since training ended; exiting",
+                    self.task.name,
+                    time.monotonic() - self.last_heard,
+                )
+                return False
+            try:
+                step = self.client.wait_ready(timeout=2.0)
+            except (TimeoutError, PsClientError):
+                continue
+            if step < training.steps and not self.finished.is_set():
+                log.warning(
+                    "%s: the ps tier was rolled back to step %d: training again",
+                    self.task.name,
+                    step,
+                )
+                self.step, self.drained = step, False
+                self.cursor = self.client.cursors.get(self.task.name, 0)
+                self._pulled = None
+                return True
+        return False
+
+    def _diverge(self, what: str) -> None:
+        """The loss, a gradient or an update is not finite at this step and batch. With
+        `onDivergence: fail`, the job ends (`outcome.DivergedError`); with `rollback`, the
+        worker reports it to the chief (heartbeats), skips this batch from now on, and returns
+        to wait for the ps tier's rollback (`_recover`)."""
+        training, task = self.task.training, self.task
+        where = f"at global step {self.step} (batch {self.cursor} of its data shard)"
+        if training.onDivergence != "rollback":
+            raise outcome.DivergedError(
+                f"{task.name}: {what} {where}; lower the learning rate or set "
+                "training.onDivergence: rollback"
+            )
+        log.error("%s: %s %s: reporting it for a rollback", task.name, what, where)
+        self.skip.add(self.cursor)
+        self.diverged = {
+            DIVERGED_STEP: float(self.step),
+            DIVERGED_BATCH: float(self.cursor),
+            DIVERGED_EPOCH: float(self.client.epoch),
+        }
+
+    def _recover(self, err: PsClientError | str) -> bool:
+        """Waits until every ps is ready again at one epoch (a newer one after a reported
+        divergence); False if training ended meanwhile."""
         log.warning("%s: %s; waiting for the ps tier to be ready again", self.task.name, err)
         started = time.monotonic()
+        diverged_at = int(self.diverged[DIVERGED_EPOCH]) if self.diverged else None
+        self.waiting = "every ps to be ready again (a rollback)"
         self.client.incarnations = [0] * len(self.client.incarnations)
         while not self.finished.is_set():
             try:
@@ -240,6 +349,15 @@ class Worker:
                 if time.monotonic() - started > self.task.training.startupTimeoutSeconds:
                     raise
                 continue
+            if diverged_at is not None and self.client.epoch <= diverged_at:
+                if time.monotonic() - started > self.task.training.startupTimeoutSeconds:
+                    raise TimeoutError(
+                        f"{self.task.name}: reported a divergence, and the chief did not roll "
+                        f"the ps tier back within {self.task.training.startupTimeoutSeconds} s"
+                    )
+                self.task.stop.sleep(min(0.2, self.task.training.heartbeatSeconds))
+                continue
+            self.diverged = {}
             cursor = self.client.cursors.get(self.task.name, 0)
             log.info(
                 "%s: ps tier ready again at step %d (epoch %d) after %.1f s; data from batch %d%s",
@@ -257,22 +375,28 @@ class Worker:
         return False
 
     def _step(self, *, min_step: int, sync: bool) -> int:
-        """One training step; returns the next pull's min_step, or -1 when training is over."""
+        """One training step; returns the next pull's min_step, -1 when training is over, or
+        `_DIVERGED` when it reported a divergence (onDivergence: rollback)."""
         training, task = self.task.training, self.task
         dense = task.dense_variables
         started = time.perf_counter()
-        batch = task.dataset.train_batch(
-            worker=self.index,
-            num_workers=self.num_workers,
-            step=self.cursor,
-            batch_size=training.batchSize,
-        )
+        while self.cursor in self.skip:  # a batch that diverged (onDivergence: rollback)
+            self.cursor += 1
+        self.waiting = ""
+        with outcome.user_code("the dataset's train_batch", task=task.name):
+            batch = task.dataset.train_batch(
+                worker=self.index,
+                num_workers=self.num_workers,
+                step=self.cursor,
+                batch_size=training.batchSize,
+            )
         rows = self._wanted_rows(batch)
         params: dict[str, Any]
         if self._pulled is not None:  # sync: the last update brought this step's values
             step, self._pulled = self._pulled, None
             params = dict(self._buffers or {})
         else:  # one Read per ps: the dense values and the batch's rows
+            self.waiting = f"the parameters of step >= {min_step} from every ps (Read)"
             step, params = self.client.read(
                 min_step=min_step, into=self._buffers, variables=dense, rows=rows
             )
@@ -282,9 +406,14 @@ class Worker:
         if step >= training.steps:
             return -1
         pulled = time.perf_counter()
-        loss, grads = self._grad(task.layout.unflatten(params), batch)
-        named = {n: np.asarray(g) for n, g in task.layout.named(grads).items()}
+        self.waiting = ""
+        with outcome.user_code("the model's loss", task=task.name):
+            loss, grads, finite = self._grad(task.layout.unflatten(params), batch)
+            named = {n: np.asarray(g) for n, g in task.layout.named(grads).items()}
         self.loss = float(loss)
+        if not bool(finite):
+            self._diverge(_what_is_not_finite(self.loss, named))
+            return _DIVERGED
         computed = time.perf_counter()
         # One Update per ps, the embedding rows included. Sync without tables: the update,
         # then the values of the next step (exactly what the next read would wait for).
@@ -293,6 +422,11 @@ class Worker:
         # update miss the other workers' updates of the meantime (staler gradients; async
         # Adam visibly oscillates).
         keep = sync and not rows
+        self.waiting = (
+            f"the other workers' gradients of step {step} (sync Update)"
+            if sync
+            else f"every ps to apply its update of step {step} (Update)"
+        )
         next_step, values, replies = self.client.update(
             named,
             step=step,
@@ -323,6 +457,13 @@ class Worker:
         if any(r.step >= training.steps for r in replies):
             return training.steps
         return 0
+
+
+def _what_is_not_finite(loss: float, grads: dict[str, np.ndarray]) -> str:
+    if not math.isfinite(loss):
+        return f"the loss is {loss}"
+    name = next((n for n, g in grads.items() if not np.isfinite(g).all()), "?")
+    return f"the gradient of {name} is not finite (the loss is {loss:.6g})"
 
 
 def run(task: Task) -> int:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from jaxps.v1 import tensor_pb2 as jaxps_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ajaxps/v1/coordinator.proto\x12\x08jaxps.v1\x1a\x15jaxps/v1/tensor.proto\"K\n\x0fRegisterRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x18\n\x10task_incarnation\x18\x02 \x01(\x04\"\x83\x02\n\x10HeartbeatRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x18\n\x10task_incarnation\x18\x02 \x01(\x04\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0c\n\x04loss\x18\x04 \x01(\x01\x12\x0c\n\x04\x64one\x18\x05 \x01(\x08\x12\x38\n\x07metrics\x18\x06 \x03(\x0b\x32\'.jaxps.v1.HeartbeatRequest.MetricsEntry\x12\x1b\n\x13\x65xamples_per_second\x18\x07 \x01(\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01J\x04\x08\x08\x10\t\"j\n\x10\x43oordinatorState\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0c\n\x04stop\x18\x03 \x01(\x08\x12\x14\n\x0clive_workers\x18\x04 \x01(\x05J\x04\x08\x05\x10\x06\x32\x95\x01\n\x0b\x43oordinator\x12\x41\n\x08Register\x12\x19.jaxps.v1.RegisterRequest\x1a\x1a.jaxps.v1.CoordinatorState\x12\x43\n\tHeartbeat\x12\x1a.jaxps.v1.HeartbeatRequest\x1a\x1a.jaxps.v1.CoordinatorStateb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ajaxps/v1/coordinator.proto\x12\x08jaxps.v1\x1a\x15jaxps/v1/tensor.proto\"K\n\x0fRegisterRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x18\n\x10task_incarnation\x18\x02 \x01(\x04\"\x94\x02\n\x10HeartbeatRequest\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x18\n\x10task_incarnation\x18\x02 \x01(\x04\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x0c\n\x04loss\x18\x04 \x01(\x01\x12\x0c\n\x04\x64one\x18\x05 \x01(\x08\x12\x38\n\x07metrics\x18\x06 \x03(\x0b\x32\'.jaxps.v1.HeartbeatRequest.MetricsEntry\x12\x1b\n\x13\x65xamples_per_second\x18\x07 \x01(\x01\x12\x0f\n\x07waiting\x18\t \x01(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01J\x04\x08\x08\x10\t\"j\n\x10\x43oordinatorState\x12\x1e\n\x02id\x18\x01 \x01(\x0b\x32\x12.jaxps.v1.Identity\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0c\n\x04stop\x18\x03 \x01(\x08\x12\x14\n\x0clive_workers\x18\x04 \x01(\x05J\x04\x08\x05\x10\x06\x32\x95\x01\n\x0b\x43oordinator\x12\x41\n\x08Register\x12\x19.jaxps.v1.RegisterRequest\x1a\x1a.jaxps.v1.CoordinatorState\x12\x43\n\tHeartbeat\x12\x1a.jaxps.v1.HeartbeatRequest\x1a\x1a.jaxps.v1.CoordinatorStateb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,11 +37,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERREQUEST']._serialized_start=63
   _globals['_REGISTERREQUEST']._serialized_end=138
   _globals['_HEARTBEATREQUEST']._serialized_start=141
-  _globals['_HEARTBEATREQUEST']._serialized_end=400
-  _globals['_HEARTBEATREQUEST_METRICSENTRY']._serialized_start=348
-  _globals['_HEARTBEATREQUEST_METRICSENTRY']._serialized_end=394
-  _globals['_COORDINATORSTATE']._serialized_start=402
-  _globals['_COORDINATORSTATE']._serialized_end=508
-  _globals['_COORDINATOR']._serialized_start=511
-  _globals['_COORDINATOR']._serialized_end=660
+  _globals['_HEARTBEATREQUEST']._serialized_end=417
+  _globals['_HEARTBEATREQUEST_METRICSENTRY']._serialized_start=365
+  _globals['_HEARTBEATREQUEST_METRICSENTRY']._serialized_end=411
+  _globals['_COORDINATORSTATE']._serialized_start=419
+  _globals['_COORDINATORSTATE']._serialized_end=525
+  _globals['_COORDINATOR']._serialized_start=528
+  _globals['_COORDINATOR']._serialized_end=677
 # @@protoc_insertion_point(module_scope)

@@ -16,7 +16,7 @@ class RegisterRequest(_message.Message):
     def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., task_incarnation: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("id", "task_incarnation", "step", "loss", "done", "metrics", "examples_per_second")
+    __slots__ = ("id", "task_incarnation", "step", "loss", "done", "metrics", "examples_per_second", "waiting")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class HeartbeatRequest(_message.Message):
     DONE_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     EXAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
     id: _tensor_pb2.Identity
     task_incarnation: int
     step: int
@@ -38,7 +39,8 @@ class HeartbeatRequest(_message.Message):
     done: bool
     metrics: _containers.ScalarMap[str, float]
     examples_per_second: float
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., task_incarnation: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., done: _Optional[bool] = ..., metrics: _Optional[_Mapping[str, float]] = ..., examples_per_second: _Optional[float] = ...) -> None: ...
+    waiting: str
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., task_incarnation: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., done: _Optional[bool] = ..., metrics: _Optional[_Mapping[str, float]] = ..., examples_per_second: _Optional[float] = ..., waiting: _Optional[str] = ...) -> None: ...
 
 class CoordinatorState(_message.Message):
     __slots__ = ("id", "step", "stop", "live_workers")
