@@ -9,12 +9,14 @@ jaxps operator [--namespace NS ...]    the Kubernetes operator (kopf), until SIG
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import random
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,23 +69,80 @@ def _console() -> Console:
     return console
 
 
-def progress_line(job: dict[str, Any]) -> str:
-    """`step 120/600  loss 0.4312  35.2 steps/s`; the loss and rate only once reported."""
+def progress_line(job: dict[str, Any], *, rate: float | None = None) -> str:
+    """`step 120/600 (20%)  loss 0.4312  35.2 steps/s  ETA 14s  eval accuracy 0.9512`: each
+    part only once there is a number for it (no loss before the first step, none that is not
+    finite). `rate`: the recent steps per second (`RecentRate`), which the rate and the ETA
+    prefer, while the step moves, to status.progress.stepsPerSecond, a mean the chief
+    publishes only now and then (and 0 before its first log line)."""
     progress = (job.get("status") or {}).get("progress") or {}
-    parts = [f"step {progress.get('step', 0)}/{job['spec']['training']['steps']}"]
-    if isinstance(progress.get("loss"), int | float):
-        parts.append(f"loss {progress['loss']:.4f}")
-    if progress.get("stepsPerSecond"):
-        parts.append(f"{progress['stepsPerSecond']:.1f} steps/s")
+    steps = int(job["spec"]["training"]["steps"])
+    step = int(progress.get("step") or 0)
+    parts = [f"step {step}/{steps} ({min(100 * step // max(steps, 1), 100)}%)"]
+    loss = _number(progress.get("loss"))
+    if loss is not None and step > 0:
+        parts.append(f"loss {loss:.4f}")
+    speed = rate or _number(progress.get("stepsPerSecond"))
+    if speed:
+        parts.append(f"{speed:.1f} steps/s")
+        if step < steps:
+            parts.append(f"ETA {_duration((steps - step) / speed)}")
+    evals = {k: v for k, v in (progress.get("eval") or {}).items() if _number(v) is not None}
+    if evals:
+        metric = "accuracy" if "accuracy" in evals else sorted(evals)[0]
+        parts.append(f"eval {metric} {evals[metric]:.4f}")
     return "  ".join(parts)
 
 
-def _table(job: dict[str, Any], runner: local.LocalCluster, started: float) -> Table:
+def _number(value: Any) -> float | None:
+    """A finite number, else None (absent, null, NaN, a string)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _duration(seconds: float) -> str:
+    """`14s`, `3m05s`, `2h07m`."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+@dataclass
+class RecentRate:
+    """Global steps per second over the last `window` seconds of (time, step) samples: what
+    the job does now, not its mean since the start. A step that goes back (a rollback to a
+    checkpoint) starts the window again. Not thread-safe: the run loop's tick feeds it."""
+
+    window: float = 10.0
+    samples: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def observe(self, at: float, step: int) -> None:
+        if self.samples and step < self.samples[-1][1]:
+            self.samples.clear()
+        self.samples.append((at, step))
+        while len(self.samples) > 2 and at - self.samples[1][0] >= self.window:
+            self.samples.popleft()
+
+    def per_second(self) -> float | None:
+        """None until the samples span a second."""
+        if len(self.samples) < 2:
+            return None
+        (t0, s0), (t1, s1) = self.samples[0], self.samples[-1]
+        return (s1 - s0) / (t1 - t0) if t1 - t0 >= 1.0 else None
+
+
+def _table(
+    job: dict[str, Any], runner: local.LocalCluster, *, started: float, rate: float | None
+) -> Table:
     status = job.get("status") or {}
     table = Table(
         title=(
             f"TrainingJob {job['metadata']['name']}  [bold]{status.get('state', '?')}[/bold]  "
-            f"{progress_line(job)}  restarts {status.get('restarts', 0)}  "
+            f"{progress_line(job, rate=rate)}  restarts {status.get('restarts', 0)}  "
             f"{time.monotonic() - started:.0f} s"
         ),
         title_justify="left",
@@ -122,10 +181,15 @@ def run_local(args: argparse.Namespace) -> int:
     except local.KillSpecError as err:
         console.print(f"[red]{err}[/red]")
         return EXIT_INVALID
-    workdir = (
-        args.workdir
-        or Path(".work") / f"{job['metadata']['name']}-{time.strftime('%Y%m%d-%H%M%S')}"
-    )
+    try:
+        workdir = (
+            local.usable_workdir(args.workdir)
+            if args.workdir is not None
+            else local.default_workdir(job["metadata"]["name"], root=Path(".work"))
+        )
+    except local.WorkdirError as err:
+        console.print(f"[red]{err}[/red]", highlight=False)
+        return EXIT_INVALID
     console.print(
         f"running TrainingJob {job['metadata']['name']}: {', '.join(tasks)}; logs in {workdir}",
         highlight=False,
@@ -139,20 +203,24 @@ def run_local(args: argparse.Namespace) -> int:
         else None
     )
     last_print = [0.0]
-    losses: dict[int, float] = {}  # step -> loss, as status.progress reported them
+    # (step, loss) each time the loss changed: the chief republishes its workers' mean loss
+    # at each heartbeat, so between two the same loss stands at later steps
+    losses: list[tuple[int, float]] = []
+    recent = RecentRate()
 
     def tick(current: dict[str, Any], runner: local.LocalCluster) -> None:
         progress = current["status"].get("progress") or {}
-        if isinstance(progress.get("loss"), int | float) and progress.get("step"):
-            losses[int(progress["step"])] = float(progress["loss"])
+        step, loss = int(progress.get("step") or 0), _number(progress.get("loss"))
+        if loss is not None and step > 0 and (not losses or losses[-1][1] != loss):
+            losses.append((step, loss))
+        recent.observe(time.monotonic(), step)
+        rate = recent.per_second()
         if live is not None:
-            live.update(_table(current, runner, started))
+            live.update(_table(current, runner, started=started, rate=rate))
         elif time.monotonic() - last_print[0] >= 5:
             last_print[0] = time.monotonic()
-            console.print(
-                f"{current['status'].get('state', 'Created')}: {progress_line(current)}",
-                highlight=False,
-            )
+            state = current["status"].get("state", "Created")
+            console.print(f"{state}: {progress_line(current, rate=rate)}", highlight=False)
 
     def terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM (`jaxps.sdk`'s delete, a supervisor): stop every task
@@ -175,15 +243,15 @@ def run_local(args: argparse.Namespace) -> int:
         + (f" ({final['reason']}: {final['message']})" if final else ""),
         highlight=False,
     )
-    curve = terminal_chart.chart(sorted(losses.items()), label="step")
+    curve = terminal_chart.chart(losses, label="step")
     if curve:
         console.print("loss:", highlight=False)
         for line in curve:
             console.print(line, highlight=False, markup=False)
-    if args.json:
-        print(json.dumps(status, indent=2, sort_keys=True))
+    if args.json:  # strict JSON: a NaN loss is null, with a note saying so
+        print(local.strict_json(status, indent=2, sort_keys=True))
     else:
-        console.print_json(json.dumps(status.get("progress", {})))
+        console.print_json(local.strict_json(status.get("progress", {})))
     return EXIT_SUCCEEDED if state == "Succeeded" else EXIT_FAILED
 
 

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import json
+import math
 import os
 import re
 import signal
@@ -51,7 +53,11 @@ KILL = re.compile(r"^(?P<task>(chief|ps|worker|evaluator)-\d+)@step=(?P<step>\d+
 
 
 class KillSpecError(ValueError):
-    """A --kill argument is not TASK@step=N for a task of the job."""
+    """A --kill argument is not TASK@step=N for a task of the job and a step it reaches."""
+
+
+class WorkdirError(ValueError):
+    """A --workdir that cannot hold the job's files; the message names the path and why."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,8 @@ class Kill:
 
     @classmethod
     def parse(cls, text: str, *, job: Mapping[str, Any]) -> Kill:
-        """`ps-0@step=200`: the task (role-index), kept as its pod's name."""
+        """`ps-0@step=200`: the task (role-index), kept as its pod's name. A step past the
+        job's last (`spec.training.steps`) is refused: the job would end without the kill."""
         match = KILL.match(text)
         if not match:
             raise KillSpecError(f"--kill {text!r}: expected TASK@step=N, such as ps-0@step=200")
@@ -72,7 +79,98 @@ class Kill:
                 f"--kill {text!r}: the job has no task {match['task']}; its tasks "
                 f"are {', '.join(tasks)}"
             )
-        return cls(builders.pod_name(job, role, int(index)), int(match["step"]))
+        step, last = int(match["step"]), int(job["spec"]["training"]["steps"])
+        if step > last:
+            raise KillSpecError(
+                f"--kill {text!r}: step {step} is past the job's last step {last} "
+                f"(spec.training.steps); expected a step in 0..{last}"
+            )
+        return cls(builders.pod_name(job, role, int(index)), step)
+
+
+def default_workdir(name: str, *, root: Path, now: float | None = None) -> Path:
+    """A new directory `root/<name>-<time>` (then `-2`, `-3`, ...: two runs started in the
+    same second never share one), created here: mkdir is the atomic test, so two processes
+    racing for the same name each get their own."""
+    base = f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}"
+    root.mkdir(parents=True, exist_ok=True)
+    for attempt in itertools.count(1):
+        path = root / (base if attempt == 1 else f"{base}-{attempt}")
+        try:
+            path.mkdir(exist_ok=False)
+        except FileExistsError:
+            continue
+        return path
+    raise AssertionError("unreachable")  # itertools.count never ends
+
+
+def usable_workdir(path: Path) -> Path:
+    """`path`, created if missing, once it is a directory this process can write; else
+    `WorkdirError` naming the path and why (a file there, a file above it, no permission)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise WorkdirError(f"--workdir {path}: it is a file, not a directory") from None
+    except NotADirectoryError:
+        above = next((p for p in path.parents if p.exists() and not p.is_dir()), path.parent)
+        raise WorkdirError(
+            f"--workdir {path}: {above} is a file, so nothing can be created under it"
+        ) from None
+    except OSError as err:
+        raise WorkdirError(f"--workdir {path}: cannot create it: {err.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise WorkdirError(f"--workdir {path}: this user cannot write in it (permission denied)")
+    return path
+
+
+NUMBER_MAPS = frozenset({"eval"})  # keys whose dicts map names to numbers: no room for a note
+
+
+def finite(value: Any) -> Any:
+    """`value` (JSON-like: dicts, lists, numbers, strings) with every non-finite number (NaN,
+    infinity) replaced by None and a `note` naming it (`"loss was not finite"`) in the dict
+    that holds it; a number of a map (`progress.eval`, `NUMBER_MAPS`) is noted in the dict
+    above (`"eval.accuracy was not finite"` in `progress`), as the CRD has no note in a map.
+    JSON has no NaN: what `strict_json` writes parses anywhere."""
+    converted, lost = _finite(value, kind="")
+    if lost and isinstance(converted, dict):
+        _note(converted, lost)
+    return converted
+
+
+def strict_json(value: Any, **dumps: Any) -> str:
+    """`json.dumps` of `finite(value)`, refusing any NaN left (there is none)."""
+    return json.dumps(finite(value), allow_nan=False, **dumps)
+
+
+def _finite(value: Any, *, kind: str) -> tuple[Any, list[str]]:
+    """The converted value (found under the key `kind`) and the paths, relative to it, of the
+    numbers it lost that no dict inside it took a note for."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None, [""]
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        lost: list[str] = []
+        for key, item in value.items():
+            out[key], paths = _finite(item, kind=str(key))
+            lost += [f"{key}.{p}" if p else str(key) for p in paths]
+        if lost and kind not in NUMBER_MAPS:
+            _note(out, lost)
+            lost = []
+        return out, lost
+    if isinstance(value, list | tuple):
+        items, lost = [], []
+        for index, item in enumerate(value):
+            converted, paths = _finite(item, kind=kind)
+            items.append(converted)
+            lost += [f"{index}.{p}" if p else str(index) for p in paths]
+        return items, lost
+    return value, []
+
+
+def _note(holder: dict[str, Any], paths: list[str]) -> None:
+    said = f"{', '.join(paths)} {'was' if len(paths) == 1 else 'were'} not finite"
+    holder["note"] = f"{holder['note']}; {said}" if holder.get("note") else said
 
 
 @dataclass
@@ -235,14 +333,14 @@ class LocalCluster:
         self.events.append(event)
         record = {"time": conditions.stamp(datetime.now(UTC)), **dataclasses.asdict(event)}
         with (self.workdir / EVENTS_FILE).open("a") as out:
-            out.write(json.dumps(record) + "\n")
+            out.write(strict_json(record) + "\n")
 
     def save(self) -> None:
         """The stored job, status included, as `JOB_FILE` of the work directory (replaced
         whole: a reader never sees half of it): what `jaxps.sdk` reads of a local job."""
         stored = {**self.job, "tasks": {n: str(self.workdir / f"{n}.log") for n in self.ports}}
         partial = self.workdir / f".{JOB_FILE}.partial"
-        partial.write_text(json.dumps(stored, indent=1, sort_keys=True))
+        partial.write_text(strict_json(stored, indent=1, sort_keys=True))
         partial.replace(self.workdir / JOB_FILE)
 
     def delete_job(self, job: Mapping[str, Any]) -> None:
