@@ -47,11 +47,20 @@ class Status:
     def true(self, type_: str) -> bool:
         return is_true(self.body, type_)
 
+    def condition(self, type_: str) -> dict[str, Any] | None:
+        """The condition of that type as it stands, or None."""
+        conditions: list[dict[str, Any]] = self.body.get("conditions") or []
+        return next((c for c in conditions if c["type"] == type_), None)
+
     @property
     def finished(self) -> bool:
         return self.true("Succeeded") or self.true("Failed")
 
-    def mark(self, type_: str, value: bool, reason: str, message: str) -> None:
+    def mark(
+        self, type_: str, value: bool, reason: str, message: str, *, add: bool = False
+    ) -> None:
+        """Sets a condition. A False one that did not exist is added only with `add` (when it
+        says more than its absence would: PodsReady False because a pod is Unschedulable)."""
         conditions: list[dict[str, Any]] = self.body.setdefault("conditions", [])
         wanted = "True" if value else "False"
         for c in conditions:
@@ -65,7 +74,7 @@ class Status:
                     observedGeneration=self.generation,
                 )
                 return
-        if value:
+        if value or add:
             conditions.append(
                 {
                     "type": type_,

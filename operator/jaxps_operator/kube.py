@@ -21,11 +21,19 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from jaxps_operator import builders, issuer, progress
-from jaxps_operator.conditions import Event
+from jaxps_operator.conditions import Event, parse_time
 from jaxps_operator.objects import PodState
 from jaxps_operator.reconcile import Children, ConflictError
 
-__all__ = ["ApiException", "ConflictError", "KubeCluster", "load_config", "message", "pod_state"]
+__all__ = [
+    "ApiException",
+    "ConflictError",
+    "KubeCluster",
+    "load_config",
+    "message",
+    "pod_state",
+    "waiting",
+]
 
 GROUP, VERSION, PLURAL, KIND = "jaxps.dev", "v1alpha1", "trainingjobs", "TrainingJob"
 COMPONENT = "jaxps-operator"
@@ -51,6 +59,29 @@ def _json(response: Any) -> Any:
     return json.loads(response.data)
 
 
+# A container waits for these on its normal way to running; any other waiting reason
+# (ErrImagePull, ImagePullBackOff, CreateContainerConfigError, ...) is a problem to report.
+STARTING = ("ContainerCreating", "PodInitializing")
+
+
+def waiting(pod: Mapping[str, Any], main: Mapping[str, Any]) -> tuple[str, str]:
+    """Why a Pending pod waits, as (reason, message): the scheduler's PodScheduled=False
+    (Unschedulable: `0/1 nodes are available: 1 Insufficient cpu`), else its main container's
+    waiting reason unless it is on its normal way; ("", "") when it waits for nothing wrong."""
+    status = pod.get("status") or {}
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return str(c.get("reason") or "Unschedulable"), str(c.get("message") or "")
+    for container in status.get("containerStatuses") or []:
+        if container.get("name") != main.get("name"):
+            continue
+        state = (container.get("state") or {}).get("waiting") or {}
+        reason = str(state.get("reason") or "")
+        if reason and reason not in STARTING:
+            return reason, str(state.get("message") or "")
+    return "", ""
+
+
 def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
     """What the planner needs of a pod; pods of another job with the same name count as leaving."""
     meta = pod["metadata"]
@@ -70,6 +101,8 @@ def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
             terminated = state
     phase = status.get("phase", "Pending")
     ip = status.get("podIP")
+    why, words = waiting(pod, main) if phase == "Pending" else ("", "")
+    limit = ((main.get("resources") or {}).get("limits") or {}).get("memory")
     return PodState(
         name=meta["name"],
         role=role,
@@ -86,6 +119,11 @@ def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
         metrics=f"{ip}:{builders.template_metrics_port(main)}"
         if ip and phase == "Running"
         else None,
+        container_reason=terminated.get("reason") or "",
+        memory_limit=str(limit) if limit is not None else None,
+        waiting_reason=why,
+        waiting_message=words,
+        created=parse_time(meta.get("creationTimestamp")),
     )
 
 

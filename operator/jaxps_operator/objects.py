@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from jaxps_operator.conditions import Event
 
+OOM_KILLED = "OOMKilled"
+
 
 @dataclass(frozen=True)
 class PodState:
-    """What is observed of one pod."""
+    """What is observed of one pod. Every field past `phase` has a default, so a backend that
+    cannot see it (local processes are never scheduled nor OOM-killed by a kubelet) leaves it."""
 
     name: str
     role: str
@@ -18,10 +22,26 @@ class PodState:
     phase: str  # Pending, Running, Succeeded, Failed, Unknown
     ready: bool = False
     exit_code: int | None = None
-    reason: str = ""
+    reason: str = ""  # the pod's reason (Evicted), else its main container's terminated reason
     deleting: bool = False
     message: str = ""  # the main container's termination message, once it ended
     metrics: str | None = None  # host:port of its Prometheus metrics while it runs
+    container_reason: str = ""  # the main container's terminated reason: OOMKilled, Error, ...
+    memory_limit: str | None = None  # the main container's resources.limits.memory, if any
+    # Why a Pending pod waits: the scheduler's PodScheduled=False reason (Unschedulable) and
+    # words, or its main container's waiting reason (ErrImagePull, ImagePullBackOff, ...)
+    waiting_reason: str = ""
+    waiting_message: str = ""
+    created: datetime | None = None  # creationTimestamp: since when it waits
+
+    @property
+    def oom_killed(self) -> bool:
+        """The kernel's OOM killer ended it: its memory limit (or the node's) was too small."""
+        return OOM_KILLED in (self.container_reason, self.reason)
+
+    @property
+    def task(self) -> str:
+        return f"{self.role} {self.index}"
 
 
 @dataclass
@@ -35,3 +55,9 @@ class Plan:
     replaced: list[tuple[str, int]] = field(default_factory=list)  # (role, index) of each
     requeue_after: float | None = None  # seconds until the next timer (deadline, TTL)
     delete_job: bool = False
+
+    def wake_in(self, seconds: float) -> None:
+        """Asks for another pass within `seconds`: the earliest of the timers set wins."""
+        seconds = max(seconds, 0.0)
+        if self.requeue_after is None or seconds < self.requeue_after:
+            self.requeue_after = seconds

@@ -1,14 +1,15 @@
 """The planner: what a TrainingJob's children should be, and what to do about them.
 
-    plan(job, observed, now, network=...) -> Plan(create, delete, status, events, replaced,
-                                                  requeue_after, delete_job)
+    plan(job, observed, now, network=..., metrics=...) -> Plan(create, delete, status, events,
+                                                               replaced, requeue_after, delete_job)
 
 A pure function, with no client and no I/O: the reconcile pass (`reconcile`) carries Plans out
 on either backend. It is level-based: from the job (defaults applied, status included), the
-pods that exist and where the tasks are (`builders.Network`), it computes the whole desired
-status and the actions that converge to it, so running it twice on the same input gives the
-same Plan. One pass, in order:
+pods that exist, the chief's metrics and where the tasks are (`builders.Network`), it computes
+the whole desired status (`status.progress` included) and the actions that converge to it, so
+running it twice on the same input gives the same Plan. One pass, in order:
 
+0. the progress (`progress.update`): the chief's metrics, or its final summary once it ended;
 1. suspend (`policy.suspend`): a suspended job's pods are deleted, none created;
 2. the deadline (`policy.deadline`), then the training configuration: a `spec.training` the
    runtime would refuse fails the job before any pod starts (InvalidTraining), and so does a
@@ -16,9 +17,12 @@ same Plan. One pass, in order:
 3. children (`builders`): the headless Service, the Secret of the job's credentials and its
    NetworkPolicy when missing, and every missing pod; a pod is never recreated while its
    predecessor is still terminating;
-4. failed pods (`policy.restart`): replaced, or the job fails;
-5. success (`policy.success`), then the Restarting, Running and PodsReady conditions;
-6. once finished: `policy.cleanup` and the TTL (`policy.deadline`).
+4. success (`policy.success`) before failure: a chief that succeeded, or recorded its final
+   summary before it was killed, ends the job Succeeded even when a ps failed in the same pass;
+5. failed pods (`policy.restart`): replaced, or the job fails (at once for a final exit code);
+6. pods that wait (`policy.schedule`), the Restarting, Running and PodsReady conditions, and
+   the Stalled backstop (`policy.stall`);
+7. once finished: the TTL (`policy.deadline`) and `policy.cleanup`.
 
 Where TFJob hurts, see research/tfjob-anchor.md.
 """
@@ -30,10 +34,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from jaxps_operator import builders, schema
+from jaxps_operator import builders, progress, schema
 from jaxps_operator.conditions import Event, Status, stamp
 from jaxps_operator.objects import Plan, PodState
-from jaxps_operator.policy import cleanup, deadline, restart, success, suspend
+from jaxps_operator.policy import cleanup, deadline, restart, schedule, stall, success, suspend
 
 __all__ = ["Event", "Plan", "PodState", "plan"]
 
@@ -75,10 +79,12 @@ def plan(
     image: str = builders.DEFAULT_IMAGE,
     credentials: Mapping[str, bytes] | None = None,
     network_policy: bool = False,
+    metrics: Mapping[str, float] | None = None,
 ) -> Plan:
     """The Plan for `job` (validated, defaults applied) given its pods at `now` (aware UTC).
     `credentials`: the files of the job's Secret when it has none yet (it is created then);
-    `network_policy`: the job's NetworkPolicy is to be created."""
+    `network_policy`: the job's NetworkPolicy is to be created; `metrics`: the jaxps_*
+    metrics the chief served this pass ({} when it runs not or did not answer)."""
     out = Plan()
     generation = int(job["metadata"].get("generation", 1))
     status = Status(copy.deepcopy(dict(job.get("status") or {})), now=now, generation=generation)
@@ -89,6 +95,11 @@ def plan(
     ready = sum(c["ready"] for c in body["replicaStatuses"].values())
     body["readyReplicas"] = f"{ready}/{total}"
     body.setdefault("restarts", 0)
+    chief = chief_pod(job, observed)
+    if chief is not None:
+        body["progress"] = progress.update(
+            body.get("progress") or {}, chief=chief, metrics=metrics or {}, now=now
+        )
     name = job["metadata"]["name"]
     if not body.get("conditions"):
         status.mark("Created", True, "JobCreated", f"TrainingJob {name} created: {total} pods")
@@ -105,10 +116,11 @@ def plan(
             image=image,
             credentials=credentials,
             network_policy=network_policy,
+            training=chief is not None and progress.training(metrics or {}),
         )
     if status.finished:
-        cleanup.apply(job, pods=observed, plan=out)
         deadline.after_finish(job, status=status, plan=out)
+        cleanup.apply(job, pods=observed, status=status, plan=out)
     body["state"] = status.state()
     out.status = body
     out.events = status.events
@@ -126,6 +138,7 @@ def _run(
     image: str,
     credentials: Mapping[str, bytes] | None,
     network_policy: bool,
+    training: bool,
 ) -> None:
     if suspend.apply(job, pods=observed, status=status, plan=out):
         return
@@ -158,6 +171,10 @@ def _run(
         out.create.append(builders.network_policy(job))
 
     pods = {(p.role, p.index): p for p in observed}
+    who = success.succeeded(job, pods)
+    if who is not None:  # the outcome is recorded: no pod failing now changes it
+        status.finish(succeeded=True, reason="JobSucceeded", message=f"{who} succeeded")
+        return
     restarting: list[str] = []
     for role, index in builders.tasks(job):
         p = pods.get((role, index))
@@ -171,11 +188,17 @@ def _run(
                 return
             restarting.append(f"{role} {index}")
 
-    who = success.succeeded(job, pods)
-    if who is not None:
-        status.finish(succeeded=True, reason="JobSucceeded", message=f"{who} succeeded")
+    waits = schedule.apply(job, pods=observed, status=status, plan=out)
+    if status.finished:
         return
-    _progressing(job, pods=pods, restarting=restarting, status=status)
+    _progressing(job, pods=pods, restarting=restarting, status=status, waits=waits)
+    stall.check(job, status=status, plan=out, training=training)
+
+
+def chief_pod(job: Mapping[str, Any], pods: Sequence[PodState]) -> PodState | None:
+    """The chief's pod (or worker 0's) unless it is being deleted."""
+    name = builders.pod_name(job, *builders.chief_task(job))
+    return next((p for p in pods if p.name == name and not p.deleting), None)
 
 
 def _progressing(
@@ -184,8 +207,10 @@ def _progressing(
     pods: Mapping[tuple[str, int], PodState],
     restarting: list[str],
     status: Status,
+    waits: bool,
 ) -> None:
-    """The Restarting, Running and PodsReady conditions of a job that goes on."""
+    """The Restarting, Running and PodsReady conditions of a job that goes on; `waits`: some
+    pod waits for a reason, and PodsReady already says which (`policy.schedule`)."""
     everyone = builders.tasks(job)
     if restarting:
         status.mark("Restarting", True, "PodReplaced", f"replacing {', '.join(restarting)}")
@@ -205,7 +230,11 @@ def _progressing(
         status.mark("Running", True, "JobRunning", f"{role} {index} is running")
         status.event("Normal", "JobRunning", f"{job['metadata']['name']} is running")
     ready = sum(1 for p in pods.values() if p.phase == "Running" and p.ready and not p.deleting)
+    was = status.condition("PodsReady")
+    if waits:
+        return
     if ready == len(everyone) and not status.true("PodsReady"):
         status.mark("PodsReady", True, "PodsReady", f"all {ready} pods are running and ready")
-    elif ready < len(everyone) and status.true("PodsReady"):
+    elif ready < len(everyone) and was is not None and was["reason"] != "PodsNotReady":
+        # was True, or said why a pod waited, which it no longer does
         status.mark("PodsReady", False, "PodsNotReady", f"{ready} of {len(everyone)} pods ready")

@@ -1,22 +1,28 @@
 """`status.progress`: the chief's Prometheus metrics while it runs, its final summary after.
 
-    update(previous, chief, metrics) -> progress
+    update(previous, chief=..., metrics=..., now=...) -> progress
 
 One function for both backends, called by the reconcile pass: the `Cluster` reads the chief's
 metrics (the pod's IP and its port named `metrics` on Kubernetes, 127.0.0.1 locally) and its
 termination message (the container's `terminated.message` on Kubernetes, the file the local
 backend gives as JAXPS_TERMINATION_LOG). Once the chief has ended, its final JSON summary makes
 the progress final: the last step and the evaluation, which metrics read mid-run can miss.
+Pure but for `read_metrics`/`of_task`: the planner computes `status.progress` with `update`.
+Status is strict JSON: a non-finite loss is null with a `note`; `lastCheckpointStep` appears
+only once there is a checkpoint; `stepTime` is when the step last moved (the Stalled clock).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import urllib.request
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
+from jaxps_operator.conditions import stamp
 from jaxps_operator.objects import PodState
 
 TIMEOUT_SECONDS = 1.0
@@ -50,33 +56,80 @@ def of_task(pod: PodState) -> dict[str, float]:
 
 
 def update(
-    previous: Mapping[str, Any], *, chief: PodState | None, metrics: Mapping[str, float]
+    previous: Mapping[str, Any],
+    *,
+    chief: PodState | None,
+    metrics: Mapping[str, float],
+    now: datetime | None = None,
 ) -> dict[str, Any]:
-    """The progress after a pass: final once the chief's termination message holds its
-    summary, else `previous` updated with its metrics (unchanged when there are none)."""
+    """The progress after a pass at `now`: final once the chief's termination message holds
+    its summary, else `previous` updated with its metrics (unchanged when there are none)."""
     done = summary(chief.message) if chief is not None else None
     if done is not None:
-        return final(previous, done)
-    return merge(previous, metrics)
+        return final(previous, done, now=now)
+    return merge(previous, metrics, now=now)
 
 
-def merge(previous: Mapping[str, Any], metrics: Mapping[str, float]) -> dict[str, Any]:
-    """`previous` progress updated with what the metrics say (unchanged when they are empty)."""
+def training(metrics: Mapping[str, float]) -> bool:
+    """Whether the chief says it is in its training phase (`jaxps_training` 1): not starting,
+    restoring, recovering, checkpointing synchronously or finishing."""
+    return metrics.get("jaxps_training") == 1.0
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _loss(progress: dict[str, Any], loss: Any, step: int) -> None:
+    """Sets `loss`, as null with a `note` when it is not finite: status is strict JSON (the API
+    server refuses NaN and Infinity), and a null loss must still say why."""
+    if _finite(loss):
+        progress["loss"] = loss
+        progress.pop("note", None)
+    else:
+        progress["loss"] = None
+        progress["note"] = f"the loss at step {step} was not finite ({loss})"
+
+
+def _moved(
+    progress: dict[str, Any], previous: Mapping[str, Any], *, now: datetime | None, held: bool
+) -> None:
+    """`stepTime`, the Stalled backstop's clock: when the step last moved. While the chief is
+    not training (restoring, checkpointing synchronously) the clock is held at `now`, as the
+    chief's own check holds its clock: a step that did not move then is no stall."""
+    if now is None:
+        return
+    if held or progress.get("step") != previous.get("step") or "stepTime" not in previous:
+        progress["stepTime"] = stamp(now)
+
+
+def merge(
+    previous: Mapping[str, Any], metrics: Mapping[str, float], *, now: datetime | None = None
+) -> dict[str, Any]:
+    """`previous` progress updated with what the metrics say (unchanged when they are empty).
+    Every value is finite or null: a non-finite loss is null with a `note`."""
     progress = dict(previous)
-    if metrics:
-        step = int(metrics.get("jaxps_global_step", 0))
-        progress.update(
-            {
-                "step": step,
-                "stepsPerSecond": round(metrics.get("jaxps_steps_per_second", 0.0), 2),
-                "lastCheckpointStep": int(metrics.get("jaxps_last_checkpoint_step", 0)),
-            }
-        )
-        if step > 0 and "jaxps_loss" in metrics:  # no loss before the first step
-            progress["loss"] = metrics["jaxps_loss"]
-        evals = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("eval/")}
-        if evals:
-            progress["eval"] = evals
+    if progress.get("lastCheckpointStep") == 0:  # written by an older operator: none yet
+        del progress["lastCheckpointStep"]
+    if not metrics:
+        return progress
+    raw_step = metrics.get("jaxps_global_step", 0)
+    step = int(raw_step) if _finite(raw_step) else int(progress.get("step", 0))
+    rate = metrics.get("jaxps_steps_per_second", 0.0)
+    progress["step"] = step
+    progress["stepsPerSecond"] = round(rate, 2) if _finite(rate) else 0.0
+    checkpoint = metrics.get("jaxps_last_checkpoint_step")
+    if _finite(checkpoint) and checkpoint is not None and checkpoint > 0:  # 0: none yet or off
+        progress["lastCheckpointStep"] = int(checkpoint)
+    if step > 0 and "jaxps_loss" in metrics:  # no loss before the first step
+        _loss(progress, metrics["jaxps_loss"], step)
+    evals = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("eval/")}
+    if evals:
+        progress["eval"] = {k: v for k, v in evals.items() if _finite(v)}
+        if not progress["eval"]:
+            del progress["eval"]
+    held = "jaxps_training" in metrics and not training(metrics)
+    _moved(progress, previous, now=now, held=held)
     return progress
 
 
@@ -92,14 +145,24 @@ def summary(text: str | None) -> dict[str, Any] | None:
     return None
 
 
-def final(previous: Mapping[str, Any], done: Mapping[str, Any]) -> dict[str, Any]:
-    """`previous` progress completed with the chief's final summary `done`."""
+def final(
+    previous: Mapping[str, Any], done: Mapping[str, Any], *, now: datetime | None = None
+) -> dict[str, Any]:
+    """`previous` progress completed with the chief's final summary `done`; strict JSON as
+    `merge` keeps it (a non-finite loss is null with a `note`, a non-finite eval is left out)."""
     progress = dict(previous)
-    progress["step"] = done.get("step", progress.get("step", 0))
-    for key in ("loss", "stepsPerSecond", "lastCheckpointStep"):
-        if done.get(key) is not None:
-            progress[key] = done[key]
-    evals = {k: v for k, v in (done.get("eval") or {}).items() if v is not None}
+    if progress.get("lastCheckpointStep") == 0:
+        del progress["lastCheckpointStep"]
+    step = done.get("step")
+    progress["step"] = step if _finite(step) else progress.get("step", 0)
+    if "loss" in done and done["loss"] is not None:
+        _loss(progress, done["loss"], int(progress["step"]))
+    if _finite(done.get("stepsPerSecond")):
+        progress["stepsPerSecond"] = done["stepsPerSecond"]
+    if _finite(done.get("lastCheckpointStep")) and done["lastCheckpointStep"] > 0:
+        progress["lastCheckpointStep"] = done["lastCheckpointStep"]
+    evals = {k: v for k, v in (done.get("eval") or {}).items() if _finite(v)}
     if evals:
         progress["eval"] = evals
+    _moved(progress, previous, now=now, held=False)
     return progress

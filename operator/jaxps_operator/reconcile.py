@@ -3,13 +3,15 @@
     reconcile(cluster, namespace, name, now=..., validator=...) -> Outcome
 
     GET the job -> its children (pods, Service, Secret, NetworkPolicy) -> fresh credentials
-    if it has none -> planner.plan(...) -> delete, then create
-    -> the chief's progress (status.progress) -> one status write, only if it changed
-    -> Events -> delete the job once its TTL is over
+    if it has none -> the chief's metrics -> planner.plan(...) -> one status write, only if it
+    changed -> delete, then create -> Events -> delete the job once its TTL is over
 
 The operator runs it behind kopf's watches and its work queue (`controller`), one pass per job
 at a time in a worker thread; `jaxps local` runs it in a loop (`local`). Level-based: a pass
-may be repeated, or cut short by a conflict, at any point.
+may be repeated, or cut short by a conflict, at any point. The status goes out before the
+pods are touched: a pass cut short by a conflict has then replaced nothing, so the next one
+counts each replacement (`status.restarts`) once; counted after the deletes, a conflict lost it
+and the replaced pod, seen leaving, was never counted again.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from jaxps_operator import builders, planner, progress, schema
+from jaxps_operator import builders, planner, schema
 from jaxps_operator.conditions import TERMINAL, Event
 from jaxps_operator.objects import PodState
 
@@ -129,12 +131,6 @@ class Validator:
             self.cache.pop((namespace, name), None)
 
 
-def chief_pod(job: Mapping[str, Any], pods: Iterable[PodState]) -> PodState | None:
-    """The chief's pod (or worker 0's) unless it is being deleted."""
-    name = builders.pod_name(job, *builders.chief_task(job))
-    return next((p for p in pods if p.name == name and not p.deleting), None)
-
-
 def reconcile(
     cluster: Cluster,
     namespace: str,
@@ -164,6 +160,8 @@ def reconcile(
     children = cluster.children(job)
     network = cluster.network(job)
     finished = (job["status"].get("state") or "") in TERMINAL
+    chief = planner.chief_pod(job, children.pods)
+    running = chief is not None and chief.phase == "Running"
     plan = planner.plan(
         job,
         children.pods,
@@ -173,7 +171,13 @@ def reconcile(
         image=image,
         credentials=None if children.secret or finished else cluster.credentials(job, network),
         network_policy=network_policy and not children.network_policy,
+        metrics=cluster.task_progress(chief)
+        if chief is not None and running and not finished
+        else {},
     )
+    status = plan.status
+    if status != job["status"]:
+        cluster.write_status(raw, status)
     gone = list(parallel(lambda n: cluster.delete_pod(job, n), plan.delete))
     deleted = [n for n, ok in zip(plan.delete, gone, strict=True) if ok]
     made = list(parallel(lambda m: cluster.create(job, m), plan.create))
@@ -182,15 +186,6 @@ def reconcile(
         for m, ok in zip(plan.create, made, strict=True)
         if ok
     ]
-    status = plan.status
-    chief = chief_pod(job, children.pods)
-    if chief is not None:
-        metrics = cluster.task_progress(chief) if chief.phase == "Running" else {}
-        status["progress"] = progress.update(
-            status.get("progress") or {}, chief=chief, metrics=metrics
-        )
-    if status != job["status"]:
-        cluster.write_status(raw, status)
     if deleted:
         plan.events.append(Event("Normal", "PodsDeleted", f"deleted pod {', '.join(deleted)}"))
     if created:
@@ -203,7 +198,6 @@ def reconcile(
         validator.forget(namespace, name)
         return Outcome(state=None, replaced=plan.replaced)
     requeue = plan.requeue_after
-    running = chief is not None and chief.phase == "Running"
     if progress_interval is not None and running and status["state"] not in TERMINAL:
         requeue = min(requeue or progress_interval, progress_interval)
     return Outcome(state=status["state"], requeue_after=requeue, replaced=plan.replaced)

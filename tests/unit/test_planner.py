@@ -11,6 +11,7 @@ import pytest
 
 from jaxps_operator import builders, planner, schema
 from jaxps_operator.planner import PodState
+from jaxps_operator.policy import cleanup
 from jaxps_runtime import cluster
 
 NOW = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
@@ -214,7 +215,7 @@ def test_a_pod_is_never_recreated_while_its_predecessor_terminates() -> None:
     assert cond(back.status, "Restarting")["reason"] == "PodsReplaced"  # type: ignore[index]
 
 
-def test_the_backoff_limit_counts_every_replacement_in_status() -> None:
+def test_the_backoff_limit_counts_every_replacement_in_status_and_no_other() -> None:
     j = job(run={"backoffLimit": 1})
     step(j, pods(j))
     step(j, pods(j, worker1=("Failed", 1)))
@@ -223,7 +224,14 @@ def test_the_backoff_limit_counts_every_replacement_in_status() -> None:
     failed = cond(result.status, "Failed")
     assert failed is not None
     assert failed["reason"] == "BackoffLimitExceeded"
-    assert "2 pod replacements exceed runPolicy.backoffLimit (1)" in failed["message"]
+    assert "1 pod replacement reached runPolicy.backoffLimit (1)" in failed["message"]
+    assert "the next failure: ps 0 (pod tj-ps-0) failed with exit code 137" in failed["message"]
+    # the ps was not replaced: status counts the one replacement that happened, by its role
+    assert result.status["restarts"] == 1
+    assert {r: c["restarts"] for r, c in result.status["replicaStatuses"].items()} == {
+        "ps": 0,
+        "worker": 1,
+    }
 
 
 def test_the_active_deadline_is_a_real_timer() -> None:
@@ -240,28 +248,56 @@ def test_the_active_deadline_is_a_real_timer() -> None:
 
 
 @pytest.mark.parametrize(
-    ("chief", "clean", "deleted"),
+    ("chief", "clean", "at_once", "after_grace"),
     [
-        (1, "Running", ["tj-ps-0", "tj-worker-0", "tj-worker-1"]),
-        (0, "Running", ["tj-ps-0", "tj-worker-1"]),
-        (0, "None", []),
-        (0, "All", ["tj-ps-0", "tj-worker-0", "tj-worker-1"]),
+        (1, "Running", [], ["tj-ps-0", "tj-worker-0", "tj-worker-1"]),
+        (0, "Running", [], ["tj-ps-0", "tj-worker-1"]),
+        (0, "None", [], []),
+        (0, "All", ["tj-ps-0", "tj-worker-0", "tj-worker-1"], []),
     ],
     ids=["chief-decides", "worker-0-decides", "clean-none", "clean-all"],
 )
-def test_the_chief_or_worker_0_decides_success_and_clean_pod_policy_applies(
-    chief: int, clean: str, deleted: list[str]
+def test_the_chief_or_worker_0_decides_success_and_clean_pod_policy_applies_after_a_grace(
+    chief: int, clean: str, at_once: list[str], after_grace: list[str]
 ) -> None:
     j = job(chief=chief, run={"cleanPodPolicy": clean})
     step(j, pods(j))
     decider = "chief0" if chief else "worker0"
-    result = step(j, pods(j, **{decider: ("Succeeded", 0)}))
+    ended = pods(j, **{decider: ("Succeeded", 0)})
+    result = step(j, ended)
     succeeded = cond(result.status, "Succeeded")
     assert succeeded is not None
     assert succeeded["reason"] == "JobSucceeded"
     assert cond(result.status, "Running")["status"] == "False"  # type: ignore[index]
-    assert sorted(result.delete) == deleted
     assert result.status["completionTime"] == "2026-11-21T12:00:00Z"
+    # the running pods were told to stop: they end on their own, their logs kept
+    assert sorted(result.delete) == at_once
+    grace = cleanup.RUNNING_GRACE_SECONDS
+    assert result.requeue_after == (grace if after_grace else None)
+    later = step(j, ended, NOW + timedelta(seconds=grace - 1))
+    assert sorted(later.delete) == at_once
+    assert later.requeue_after == (pytest.approx(1.0) if after_grace else None)
+    over = step(j, ended, NOW + timedelta(seconds=grace))
+    assert sorted(over.delete) == sorted(at_once + after_grace)
+
+
+def test_a_succeeded_jobs_pending_pods_go_at_once_and_those_that_ended_stay() -> None:
+    j = job(ps=2)
+    step(j, pods(j))
+    ended = pods(j, worker0=("Succeeded", 0), ps0=("Succeeded", 0), ps1=("Pending", None))
+    result = step(j, ended)
+    assert result.status["state"] == "Succeeded"
+    assert result.delete == ["tj-ps-1"]  # a pending pod will not end on its own
+    assert result.requeue_after == cleanup.RUNNING_GRACE_SECONDS  # worker 1 still runs
+
+
+def test_a_failed_jobs_running_pods_are_deleted_at_once() -> None:
+    j = job(policy="Never")
+    step(j, pods(j))
+    result = step(j, pods(j, worker1=("Failed", 1)))
+    assert result.status["state"] == "Failed"
+    assert sorted(result.delete) == ["tj-ps-0", "tj-worker-0"]
+    assert result.requeue_after is None
 
 
 def test_all_workers_success_policy_waits_for_every_worker() -> None:

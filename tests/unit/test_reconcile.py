@@ -21,6 +21,7 @@ import pytest
 from jaxps_operator import builders, issuer, reconcile, schema
 from jaxps_operator.conditions import Event
 from jaxps_operator.objects import PodState
+from jaxps_operator.policy import cleanup
 from jaxps_operator.reconcile import Children, ConflictError
 from jaxps_runtime import credentials
 
@@ -205,12 +206,18 @@ def test_success_makes_the_progress_final_from_the_termination_message_and_clean
     memory.end("tj-worker-0", 0, json.dumps(DONE) + "\n")
     outcome = run(progress_interval=2.0)
     assert outcome.state == "Succeeded"
-    assert outcome.requeue_after is None
+    assert outcome.requeue_after == cleanup.RUNNING_GRACE_SECONDS  # no progress read: the grace
     assert memory.job is not None
     assert memory.job["status"]["progress"]["step"] == 50
     assert memory.job["status"]["progress"]["eval"] == {"accuracy": 0.9}
-    assert sorted(memory.deleted) == ["tj-ps-0", "tj-worker-1"]  # no ps outlives its job
+    assert memory.deleted == []  # told to stop, they end on their own: their logs stay
     assert "JobSucceeded" in memory.reasons()
+    memory.end("tj-worker-1", 0)
+    run(NOW + timedelta(seconds=5))
+    assert memory.deleted == []
+    outcome = run(NOW + timedelta(seconds=cleanup.RUNNING_GRACE_SECONDS))
+    assert memory.deleted == ["tj-ps-0"]  # no ps outlives its job
+    assert outcome.requeue_after is None
 
 
 def test_a_failed_pod_is_replaced_counted_and_reported_by_role() -> None:

@@ -36,11 +36,11 @@ def after_finish(job: Mapping[str, Any], *, status: Status, plan: Plan) -> None:
     """A finished job: deleted once its TTL is over, else a timer for then; no deadline."""
     ttl = job["spec"]["runPolicy"].get("ttlSecondsAfterFinished")
     completed = parse_time(status.body.get("completionTime"))
-    plan.requeue_after = None
+    plan.requeue_after = None  # no deadline, stall or schedule timer once finished
     if ttl is None or completed is None:
         return
     left = (completed + timedelta(seconds=ttl) - status.now).total_seconds()
     if left <= 0:
         plan.delete_job = True
     else:
-        plan.requeue_after = left
+        plan.wake_in(left)

@@ -1,13 +1,15 @@
 """Restart policy: what a failed pod means for its job.
 
-- exit code 78 (`EXIT_INVALID_TRAINING`): the task found its training configuration invalid;
-  another pod would find the same, so the job fails at once (InvalidTraining, with the task's
-  own message), whatever the role's policy;
+- a final exit code (`config.FINAL_EXITS`: 78 InvalidTraining, 79 UserCodeError, 80 Diverged,
+  81 Stalled): the task itself found an outcome another pod would find again, so the job fails
+  at once with that reason and the task's own termination message (the cause), whatever the
+  role's policy, and the pod is never replaced;
 - otherwise the pod is replaced (same name, once its predecessor is gone) when the role's
   `restartPolicy` says so: OnFailure and Always always, ExitCode for codes >= 128 (signals,
-  OOM), Never never, and then the job fails (ReplicaFailed, naming role, index and exit code);
+  OOM), Never never, and then the job fails (ReplicaFailed, naming role, index and exit code;
+  OOMKilled when the kernel's OOM killer ended it, naming its memory limit and what to change);
 - every replacement counts in `status.restarts` and per role; past `runPolicy.backoffLimit`
-  the job fails (BackoffLimitExceeded).
+  the job fails (BackoffLimitExceeded, or OOMKilled when the last failure was one).
 
 jaxps tasks exit 0 only once training is over (a ps when the chief shuts it down), so Always
 acts as OnFailure: a pod that exited 0 is done.
@@ -20,13 +22,21 @@ from typing import Any
 
 from jaxps_operator.conditions import Status
 from jaxps_operator.objects import Plan, PodState
-from jaxps_runtime.config import EXIT_INVALID_TRAINING
+from jaxps_runtime.config import FINAL_EXITS
 
 RETRYABLE_EXIT_CODE = 128  # ExitCode policy: codes from here on (signals, OOM) are retried
 
+# How each final exit reads in the Failed condition: "<task> (pod <name>) <what> (exit code N)"
+WHAT = {
+    "InvalidTraining": "refused its training configuration",
+    "UserCodeError": "failed in the user's code",
+    "Diverged": "found the training diverged",
+    "Stalled": "found the training stalled",
+}
+
 
 def may_replace(policy: str, exit_code: int | None) -> bool:
-    if exit_code == EXIT_INVALID_TRAINING:
+    if exit_code in FINAL_EXITS:
         return False
     if policy in ("OnFailure", "Always"):
         return True
@@ -35,44 +45,79 @@ def may_replace(policy: str, exit_code: int | None) -> bool:
     return False
 
 
+def oom_advice(job: Mapping[str, Any], pod: PodState) -> str:
+    """What an OOM-killed pod's message says: its limit and the field that raises it."""
+    name = job["metadata"]["name"]
+    limit = f"its memory limit {pod.memory_limit}" if pod.memory_limit else "no memory limit"
+    field = f"spec.replicaSpecs.{pod.role}.template.spec.containers[0].resources.limits.memory"
+    return (
+        f"{pod.task} (pod {pod.name}) was OOMKilled (exit code {pod.exit_code}) with {limit}; "
+        f"give {pod.role} more memory in {field} of TrainingJob {name}"
+        + ("" if pod.memory_limit else " (or the node more)")
+    )
+
+
+def _how(pod: PodState) -> str:
+    if pod.oom_killed:
+        return (
+            f"was OOMKilled (exit code {pod.exit_code}, memory limit {pod.memory_limit or 'none'})"
+        )
+    if pod.exit_code is not None:
+        return f"failed with exit code {pod.exit_code}"
+    return f"failed with reason {pod.reason or '?'}"
+
+
 def on_failure(job: Mapping[str, Any], pod: PodState, *, status: Status, plan: Plan) -> None:
     """Replaces the failed `pod`, or ends the job; `status.finished` tells which."""
     policy = job["spec"]["replicaSpecs"][pod.role]["restartPolicy"]
     limit = job["spec"]["runPolicy"]["backoffLimit"]
-    task, code = f"{pod.role} {pod.index}", pod.exit_code
-    if code == EXIT_INVALID_TRAINING:
+    task, code = f"{pod.task} (pod {pod.name})", pod.exit_code
+    if code is not None and code in FINAL_EXITS:
+        reason = FINAL_EXITS[code]
         said = pod.message.strip() or "no message"
         status.finish(
             succeeded=False,
-            reason="InvalidTraining",
-            message=f"{task} (pod {pod.name}) refused its training configuration "
-            f"(exit code {code}): {said}",
+            reason=reason,
+            message=f"{task} {WHAT.get(reason, 'ended the job')} (exit code {code}): {said}",
         )
         return
     if not may_replace(policy, code):
-        why = f"exit code {code}" if code is not None else f"reason {pod.reason or '?'}"
+        if pod.oom_killed:
+            status.finish(
+                succeeded=False,
+                reason="OOMKilled",
+                message=f"{oom_advice(job, pod)}; its restartPolicy is {policy}",
+            )
+            return
         status.finish(
             succeeded=False,
             reason="ReplicaFailed",
-            message=f"{task} (pod {pod.name}) failed with {why}; its restartPolicy is {policy}",
+            message=f"{task} {_how(pod)}; its restartPolicy is {policy}",
         )
         return
     body = status.body
-    body["restarts"] += 1
-    body["replicaStatuses"][pod.role]["restarts"] += 1
-    if body["restarts"] > limit:
+    done = f"{body['restarts']} pod replacement{'' if body['restarts'] == 1 else 's'}"
+    if body["restarts"] + 1 > limit:  # counted only once it happens: status says what did
+        if pod.oom_killed:
+            status.finish(
+                succeeded=False,
+                reason="OOMKilled",
+                message=f"{oom_advice(job, pod)}; {done} reached runPolicy.backoffLimit ({limit})",
+            )
+            return
         status.finish(
             succeeded=False,
             reason="BackoffLimitExceeded",
-            message=f"{body['restarts']} pod replacements exceed runPolicy.backoffLimit "
-            f"({limit}); the last: {task} exit code {code}",
+            message=f"{done} reached runPolicy.backoffLimit ({limit}); the next failure: "
+            f"{task} {_how(pod)}",
         )
         return
+    body["restarts"] += 1
+    body["replicaStatuses"][pod.role]["restarts"] += 1
     plan.delete.append(pod.name)
     plan.replaced.append((pod.role, pod.index))
     status.event(
         "Warning",
         "PodReplaced",
-        f"{task} (pod {pod.name}) failed with exit code {code}; replacing it "
-        f"(restartPolicy {policy})",
+        f"{task} {_how(pod)}; replacing it (restartPolicy {policy})",
     )
