@@ -236,16 +236,28 @@ def validate(manifest: Any) -> dict[str, Any]:
 
 
 def training_problems(job: Mapping[str, Any]) -> list[Problem]:
-    """What the runtime would refuse in `spec.training` of a valid job (names of built-in
-    models, datasets and optimizers, their arguments, every cross-field rule), found without
-    JAX: `jaxps_runtime.config` is standard library (and YAML) only."""
+    """What the runtime would refuse, crash or hang on in `spec.training` of a valid job (names
+    of built-in models, datasets and optimizers, their arguments' types and ranges, every
+    cross-field rule), and in how it meets `spec.replicaSpecs` (a ps to keep the parameters,
+    replicasToAggregate at most the workers: `config.replica_problems`), found without JAX:
+    `jaxps_runtime.config` is standard library (and YAML) only."""
     from jaxps_runtime import config  # noqa: PLC0415 - only where training is checked
 
+    specs = job["spec"].get("replicaSpecs") or {}
+    tasks = config.Replicas(workers=_replicas(specs, "worker"), ps=_replicas(specs, "ps"))
+    raw = job["spec"].get("training") or {}
     out = []
-    for text in config.problems(job["spec"].get("training") or {}, path="spec.training"):
+    for text in config.problems(raw, path="spec.training", replicas=tasks):
         path, _, message = text.partition(": ")
         out.append(Problem(path, message) if message else Problem("", text))
     return out
+
+
+def _replicas(specs: Mapping[str, Any], role: str) -> int:
+    """The replicas of `role` after defaulting: 0 when the role is absent."""
+    spec = specs.get(role)
+    replicas = spec.get("replicas", 1) if isinstance(spec, Mapping) else 0
+    return replicas if isinstance(replicas, int) else 0
 
 
 def setting_problems(job: Mapping[str, Any]) -> list[Problem]:

@@ -9,11 +9,15 @@ with the same words before it starts as at its start.
   built-in's keyword arguments (manifest spelling) with their defaults and checks.
   `check_model` / `check_dataset` return the complete, checked keyword arguments or raise
   `ModelError`, whose message names the field, the value and what is allowed.
-* Optimizers: every optax function that takes a `learning_rate`, with its parameter names and
-  which of them are required, read from `optimizers.json` next to this file. That table is
-  generated from the installed optax: `python -m jaxps_runtime.catalog --write` rewrites it and
-  `--check` (in `make verify`) exits 1 naming what drifted. Only those two read optax, inside
-  the function that does it.
+* Optimizers: every optax function that takes a `learning_rate`, with its parameters, which
+  of them are required and what a manifest may give each (`Parameter`: a finite number, an
+  integer or a boolean, from optax's annotation; a range from `BOUNDS`, by name; or only its
+  default, where optax takes what a manifest cannot give: a callable, a mask, a dtype, a key),
+  read from `optimizers.json` next to this file. `check_optimizer` refuses a string
+  `learning_rate` here, where a task would take it and fail at its first update. That table
+  is generated from the installed optax: `python -m jaxps_runtime.catalog --write` rewrites it
+  and `--check` (in `make verify`) exits 1 naming what drifted. Only those two read optax,
+  inside the function that does it.
 
 Pure and thread-safe; the optimizer table is read once.
 """
@@ -24,8 +28,12 @@ import argparse
 import functools
 import inspect
 import json
+import math
 import re
 import sys
+import types
+import typing
+from collections import abc
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -46,7 +54,12 @@ class ModelError(ValueError):
 
 
 class OptimizerError(ValueError):
-    """The optimizer configuration names no optax optimizer or passes it bad arguments."""
+    """The optimizer configuration names no optax optimizer or passes it bad arguments. The
+    message names the first problem's field; `problems` holds every one found, one line each."""
+
+    def __init__(self, message: str, *, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.problems: tuple[str, ...] = tuple(problems) or (message,)
 
 
 # --- checks of one keyword argument -----------------------------------------------------------
@@ -236,12 +249,165 @@ def check_module(module: object, *, where: str = "model.module") -> tuple[str, s
 
 # --- optimizers -------------------------------------------------------------------------------
 
+NUMBER, INTEGER, BOOLEAN, FIXED = "number", "integer", "boolean", "fixed"
+"""What a manifest may give an optax parameter: a finite number, an integer, true or false; or
+FIXED: optax takes there something JSON cannot express (a callable, a mask, a dtype, a key),
+and only its default may be given, where that default is JSON (null, true)."""
+
+
+class Bounds(NamedTuple):
+    """A range of numbers; None: no bound on that side."""
+
+    minimum: float | None = None
+    above: float | None = None  # exclusive minimum
+    maximum: float | None = None
+    below: float | None = None  # exclusive maximum
+
+    def holds(self, value: float) -> bool:
+        return (
+            (self.minimum is None or value >= self.minimum)
+            and (self.above is None or value > self.above)
+            and (self.maximum is None or value <= self.maximum)
+            and (self.below is None or value < self.below)
+        )
+
+    def __str__(self) -> str:
+        parts = [
+            f"{sign} {_number(bound)}"
+            for sign, bound in (
+                (">=", self.minimum),
+                (">", self.above),
+                ("<=", self.maximum),
+                ("<", self.below),
+            )
+            if bound is not None
+        ]
+        return " and ".join(parts)
+
+
+BOUNDS: Mapping[str, Bounds] = {
+    "learning_rate": Bounds(above=0),
+    **dict.fromkeys(("b1", "b2", "b3"), Bounds(minimum=0, below=1)),
+    **dict.fromkeys(("decay", "rho", "momentum"), Bounds(minimum=0, maximum=1)),
+    **dict.fromkeys(
+        (
+            "eps",
+            "eps_root",
+            "weight_decay",
+            "weight_decay_rate",
+            "initial_accumulator_value",
+            "initial_scale",
+            "min_norm",
+            "trust_coefficient",
+            "eta",
+            "gamma",
+            "min_step_size",
+            "max_step_size",
+            "min_dim_size_to_factor",
+            "seed",
+        ),
+        Bounds(minimum=0),
+    ),
+    "memory_size": Bounds(minimum=1),
+}
+"""The range of a numeric optax parameter, by name (optax's signatures give types, not ranges):
+what makes sense for every optimizer that has the name. A parameter not named here may be any
+finite number (or integer). `installed_optimizers` records these in the table and refuses a
+range that excludes optax's own default."""
+
+NOT_JSON: Mapping[str, str] = {"key": "a JAX PRNG key (give seed instead)"}
+"""Parameters whose annotation admits numbers but whose meaning JSON cannot carry."""
+
+
+class Parameter(NamedTuple):
+    """What a manifest may give one keyword parameter of an optax optimizer (JSON values).
+
+    `kind`: NUMBER, INTEGER, BOOLEAN or FIXED; `nullable`: null is allowed too; `bounds`: the
+    range of a NUMBER or INTEGER; `schedule`: optax also takes a schedule (a callable of the
+    step) there; `takes`: what optax takes where JSON cannot follow (FIXED); `allowed`: the
+    only values a FIXED parameter may be given (its default, when that is JSON)."""
+
+    kind: str
+    nullable: bool = False
+    bounds: Bounds = Bounds()
+    schedule: bool = False
+    takes: str = ""
+    allowed: tuple[Any, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.kind}
+        if self.nullable:
+            out["nullable"] = True
+        names = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+        out.update({k: v for k, v in zip(names, self.bounds, strict=True) if v is not None})
+        if self.schedule:
+            out["schedule"] = True
+        if self.kind == FIXED:
+            out["takes"], out["allowed"] = self.takes, list(self.allowed)
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Parameter:
+        return cls(
+            kind=raw["type"],
+            nullable=raw.get("nullable", False),
+            bounds=Bounds(
+                minimum=raw.get("minimum"),
+                above=raw.get("exclusiveMinimum"),
+                maximum=raw.get("maximum"),
+                below=raw.get("exclusiveMaximum"),
+            ),
+            schedule=raw.get("schedule", False),
+            takes=raw.get("takes", ""),
+            allowed=tuple(raw.get("allowed", ())),
+        )
+
+    def problem(self, where: str, value: object, *, optimizer: str) -> str | None:
+        """None when `value` is allowed; else the message naming `where`, the value and what
+        is allowed."""
+        got = json.dumps(value, default=str)
+        if self.kind == FIXED:
+            if any(value is allowed for allowed in self.allowed):  # null, true: singletons
+                return None
+            given = " or ".join(json.dumps(a) for a in self.allowed)
+            what = f"{given} (its default) or no value" if given else "no value (leave it out)"
+            return (
+                f"{where}: got {got}; expected {what}: optax.{optimizer} takes {self.takes} "
+                "here, which a manifest cannot give"
+            )
+        if self._fits(value):
+            return None
+        what = {BOOLEAN: "true or false", INTEGER: "an integer"}.get(self.kind, "a finite number")
+        if self.bounds != Bounds():
+            what += f" {self.bounds}"
+        if self.nullable:
+            what = f"null or {what}"
+        if self.schedule:
+            what += (
+                f" (optax.{optimizer} also takes a schedule, a callable of the step, which "
+                "JSON cannot express)"
+            )
+        return f"{where}: got {got}; expected {what}"
+
+    def _fits(self, value: object) -> bool:
+        if value is None or isinstance(value, bool):  # a bool is no number here
+            return (value is None and self.nullable) or self.kind == BOOLEAN
+        if self.kind == BOOLEAN or not isinstance(value, int | float):
+            return False
+        if isinstance(value, float) and (self.kind == INTEGER or not math.isfinite(value)):
+            return False
+        return self.bounds.holds(value)
+
 
 class Optimizer(NamedTuple):
     """An optax optimizer's keyword parameters, in signature order, and the required ones."""
 
-    parameters: tuple[str, ...]
+    parameters: Mapping[str, Parameter]
     required: tuple[str, ...]
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
 
 
 @functools.cache
@@ -252,32 +418,97 @@ def optimizers() -> Mapping[str, Optimizer]:
 
 def check_optimizer(name: object, kwargs: Mapping[str, Any], *, where: str = "optimizer") -> str:
     """`name`, once known to be an optimizer of the table that takes every argument in `kwargs`
-    and finds its required ones there. The values are optax's to judge: `optim.build` does, at
-    task start."""
+    with a value JSON can give it (its type and range, from the table), and finds its required
+    ones there. Raises `OptimizerError` naming the first problem; its `problems` names every
+    argument's. What only optax can judge is judged at task start (`optim.build`)."""
     table = optimizers()
     if not isinstance(name, str) or name not in table:
         raise OptimizerError(
             f"{where}.name: got {json.dumps(name, default=str)}; expected one of {', '.join(table)}"
         )
     optimizer = table[name]
-    for key in kwargs:
-        if key not in optimizer.parameters:
-            raise OptimizerError(
+    found = []
+    for key, value in kwargs.items():
+        parameter = optimizer.parameters.get(key)
+        if parameter is None:
+            found.append(
                 f"{where}.kwargs.{key}: optax.{name} has no argument {key!r}; "
                 f"allowed: {', '.join(optimizer.parameters)}"
             )
-    for key in optimizer.required:
-        if key not in kwargs:
-            raise OptimizerError(
-                f"{where}.kwargs.{key}: missing; optax.{name} requires "
-                f"{', '.join(optimizer.required)}"
-            )
+        else:
+            found.append(parameter.problem(f"{where}.kwargs.{key}", value, optimizer=name) or "")
+    found += [
+        f"{where}.kwargs.{key}: missing; optax.{name} requires {', '.join(optimizer.required)}"
+        for key in optimizer.required
+        if key not in kwargs
+    ]
+    found = [problem for problem in found if problem]
+    if found:
+        raise OptimizerError(found[0], problems=found)
     return name
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    """The types of a Union annotation (`X | Y`, `Optional[X]`), or the annotation alone."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
+
+
+def _is_callable(member: Any) -> bool:
+    return member is abc.Callable or typing.get_origin(member) is abc.Callable
+
+
+def _takes(name: str, members: Sequence[Any]) -> str:
+    """What optax takes in a parameter JSON cannot give, in words."""
+    if name in NOT_JSON:
+        return NOT_JSON[name]
+    if "mask" in name:
+        return "a mask (a pytree of booleans, or a callable that makes one)"
+    if "dtype" in name:
+        return "a dtype"
+    if any("GradientTransformation" in str(m) for m in members):
+        return "an optax transformation"
+    if any(_is_callable(m) for m in members):
+        return "a callable"
+    return "a Python object"
+
+
+def parameter(optimizer: str, p: inspect.Parameter) -> Parameter:
+    """What a manifest may give `p` of optax.`optimizer`, from its annotation and default, and
+    its range from `BOUNDS`."""
+    members = _members(p.annotation)
+    rest = [m for m in members if m is not type(None)]
+    nullable = type(None) in members or p.default is None
+    if p.name not in NOT_JSON and rest in ([bool], [int]):
+        kind = BOOLEAN if rest == [bool] else INTEGER
+    elif p.name not in NOT_JSON and (int in rest or float in rest):
+        kind = NUMBER
+    else:
+        json_default = p.default is None or isinstance(p.default, bool)
+        return Parameter(
+            kind=FIXED,
+            takes=_takes(p.name, rest),
+            allowed=(p.default,) if json_default else (),
+        )
+    described = Parameter(
+        kind=kind,
+        nullable=nullable,
+        bounds=BOUNDS.get(p.name, Bounds()) if kind != BOOLEAN else Bounds(),
+        schedule=kind == NUMBER and any(_is_callable(m) for m in rest),
+    )
+    if p.default is not p.empty and described.problem("", p.default, optimizer=optimizer):
+        raise OptimizerError(
+            f"optax.{optimizer}: its default {p.name}={p.default!r} is outside "
+            f"{described.bounds}: correct catalog.BOUNDS[{p.name!r}]"
+        )
+    return described
 
 
 def installed_optimizers() -> dict[str, Optimizer]:
     """The table as the installed optax has it: every public function with a `learning_rate`
-    parameter. Imports optax (for --write and --check only)."""
+    parameter, each parameter described by `parameter`. Imports optax (for --write and
+    --check only)."""
     import optax  # noqa: PLC0415 - the rest of this module must import without optax
 
     table = {}
@@ -285,7 +516,7 @@ def installed_optimizers() -> dict[str, Optimizer]:
         function = getattr(optax, name)
         if name.startswith("_") or not inspect.isfunction(function):
             continue
-        parameters = inspect.signature(function).parameters.values()
+        parameters = inspect.signature(function, eval_str=True).parameters.values()
         if "learning_rate" not in {p.name for p in parameters}:
             continue
         odd = [
@@ -297,50 +528,73 @@ def installed_optimizers() -> dict[str, Optimizer]:
                 "optimizer table describes keyword parameters only"
             )
         table[name] = Optimizer(
-            parameters=tuple(p.name for p in parameters),
+            parameters={p.name: parameter(name, p) for p in parameters},
             required=tuple(p.name for p in parameters if p.default is p.empty),
         )
     return table
 
 
 def table_json(table: Mapping[str, Optimizer]) -> str:
-    """The text of `OPTIMIZER_TABLE` for `table`: one optimizer a line, sorted by name."""
-    rows = [
-        f"    {json.dumps(name)}: "
-        + json.dumps({"parameters": list(o.parameters), "required": list(o.required)})
-        for name, o in sorted(table.items())
-    ]
+    """The text of `OPTIMIZER_TABLE` for `table`: one parameter a line, sorted by optimizer."""
+    blocks = []
+    for name, optimizer in sorted(table.items()):
+        rows = ",\n".join(
+            f"        {json.dumps(key)}: {json.dumps(p.to_json())}"
+            for key, p in optimizer.parameters.items()
+        )
+        blocks.append(
+            f"    {json.dumps(name)}: {{\n"
+            f'      "required": {json.dumps(list(optimizer.required))},\n'
+            f'      "parameters": {{\n{rows}\n      }}\n    }}'
+        )
     comment = (
-        "Generated from the installed optax by `python -m jaxps_runtime.catalog --write`; "
-        "`--check` (make verify) fails when it drifts. Do not edit."
+        "Generated from the installed optax (signatures) and catalog.BOUNDS (ranges) by "
+        "`python -m jaxps_runtime.catalog --write`; `--check` (make verify) fails when it "
+        "drifts. Do not edit."
     )
-    body = ",\n".join(rows)
+    body = ",\n".join(blocks)
     return f'{{\n  "comment": {json.dumps(comment)},\n  "optimizers": {{\n{body}\n  }}\n}}\n'
 
 
 def _table_from_json(text: str) -> dict[str, Optimizer]:
     raw = json.loads(text)["optimizers"]
     return {
-        name: Optimizer(parameters=tuple(entry["parameters"]), required=tuple(entry["required"]))
+        name: Optimizer(
+            parameters={k: Parameter.from_json(p) for k, p in entry["parameters"].items()},
+            required=tuple(entry["required"]),
+        )
         for name, entry in sorted(raw.items())
     }
 
 
 def drift(table: Mapping[str, Optimizer], installed: Mapping[str, Optimizer]) -> list[str]:
-    """How `table` differs from `installed`, one line per optimizer; [] when they agree."""
+    """How `table` differs from `installed`, one line per optimizer or parameter; [] when they
+    agree."""
     lines = []
     for name in sorted(set(table) | set(installed)):
         if name not in table:
             lines.append(f"optax.{name}: in the installed optax, not in the table")
         elif name not in installed:
             lines.append(f"optax.{name}: in the table, not in the installed optax")
-        elif table[name] != installed[name]:
+        elif (list(table[name].parameters), table[name].required) != (
+            list(installed[name].parameters),
+            installed[name].required,
+        ):
             was, now = table[name], installed[name]
             lines.append(
                 f"optax.{name}: the table has parameters {list(was.parameters)} (required "
                 f"{list(was.required)}), optax has {list(now.parameters)} (required "
                 f"{list(now.required)})"
             )
+        else:
+            lines += [
+                f"optax.{name}({key}): the table has {json.dumps(was.to_json())}, optax and "
+                f"catalog.BOUNDS give {json.dumps(now.to_json())}"
+                for (key, was), now in zip(
+                    table[name].parameters.items(), installed[name].parameters.values(), strict=True
+                )
+                if was != now
+            ]
     return lines
 
 

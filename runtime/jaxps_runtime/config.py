@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import yaml
 
@@ -125,8 +125,9 @@ class _Reader:
 class OptimizerConfig:
     """An optax optimizer by function name, with its keyword arguments (JSON values).
 
-    `from_dict` checks the name and the argument names against `catalog.optimizers()`; the
-    values are optax's to judge (`optim.build`)."""
+    `from_dict` checks the name, the argument names and each value's type and range against
+    `catalog.optimizers()` (a `learning_rate` of "0.01" is refused here, not at the first
+    update); what only the installed optax can judge, `optim.build` does at task start."""
 
     name: str
     kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -261,7 +262,11 @@ class _Problems:
             return fallback
 
     def add(self, problem: Exception) -> None:
-        self.found.append(str(problem))
+        """`problem`, or each of its `problems` (an optimizer's arguments are several)."""
+        if isinstance(problem, TrainingConfigError | catalog.OptimizerError):
+            self.found += problem.problems
+        else:
+            self.found.append(str(problem))
 
 
 def _model(raw: object, path: str) -> ModelConfig:
@@ -374,18 +379,157 @@ def _tensorboard(raw: object, path: str) -> TensorBoardConfig | None:
     )
 
 
-def _check(raw: object, path: str) -> tuple[TrainingConfig, list[str]]:
+# --- cross-field rules ------------------------------------------------------------------------
+
+DIGITS_WIDTH, DIGITS_CLASSES = 64, 10  # scikit-learn's 8x8 digits, labels 0..9
+_READS = {"linear": "x", "mlp": "x", "embedding": "ids"}  # the batch key a built-in model reads
+
+
+def _fit_problems(model: ModelConfig, dataset: DatasetConfig, *, path: str) -> list[str]:
+    """What a built-in model and a built-in dataset would refuse of each other at task start
+    (a batch key or a width the model does not take, labels it cannot score) or hang on
+    mid-job (ids beyond the embedding table), found from their arguments alone. A user
+    module's batches and files are known only where they are read: not checked here."""
+    if model.module is not None or dataset.module is not None:
+        return []
+    if dataset.name in catalog.FILE_DATASETS:
+        return []
+    m = catalog.check_model(model.name, model.kwargs)
+    d = catalog.check_dataset(dataset.name, dataset.kwargs)
+    mk, dk = f"{path}.model.kwargs", f"{path}.dataset.kwargs"
+    reads, holds = _READS[model.name], "ids" if dataset.name == "sparse" else "x"
+    if reads != holds:
+        fitting = "sparse" if reads == "ids" else "synthetic, digits, idx"
+        return [
+            _line(
+                f"{path}.dataset.name",
+                dataset.name,
+                f"{fitting} or your files for model {model.name}, which reads batch key "
+                f"{reads!r} (the batches of {dataset.name} hold {holds!r} and 'y')",
+            )
+        ]
+    found = []
+    if model.name == "embedding":
+        if m["rows"] < d["idRange"]:
+            found.append(
+                _line(
+                    f"{mk}.rows",
+                    m["rows"],
+                    f"at least {dk}.idRange ({d['idRange']}): the dataset's ids run up to "
+                    f"{d['idRange'] - 1} and each reads its own row",
+                )
+            )
+        if m["idsPerExample"] != d["idsPerExample"]:
+            found.append(
+                _line(
+                    f"{mk}.idsPerExample",
+                    m["idsPerExample"],
+                    f"{dk}.idsPerExample ({d['idsPerExample']}), the ids of each example",
+                )
+            )
+        return found
+    key = "features" if model.name == "linear" else "inputs"
+    width, source = (
+        (d["features"], f"{dk}.features")
+        if dataset.name == "synthetic"
+        else (DIGITS_WIDTH, "8x8 images")
+    )
+    if m[key] is not None and m[key] != width:
+        found.append(
+            _line(f"{mk}.{key}", m[key], f"{width}, the width of x in {dataset.name} ({source})")
+        )
+    if model.name == "mlp" and dataset.name == "synthetic":
+        found.append(
+            _line(
+                f"{path}.dataset.name",
+                dataset.name,
+                "a dataset of class labels for model mlp (digits, idx or your files): "
+                "synthetic's y is a real number",
+            )
+        )
+    if model.name == "mlp" and dataset.name == "digits" and m["classes"] < DIGITS_CLASSES:
+        found.append(
+            _line(
+                f"{mk}.classes",
+                m["classes"],
+                f"at least {DIGITS_CLASSES}: digits' labels are 0..{DIGITS_CLASSES - 1}",
+            )
+        )
+    return found
+
+
+def _line(path: str, value: object, expected: str) -> str:
+    return str(_fail(path, value, expected))
+
+
+class Replicas(NamedTuple):
+    """How many workers and ps a job has, and the fields that say so (what errors name): a
+    manifest's replicaSpecs, or a task's TF_CONFIG."""
+
+    workers: int
+    ps: int
+    workers_field: str = "spec.replicaSpecs.worker.replicas"
+    ps_field: str = "spec.replicaSpecs.ps.replicas"
+
+
+def replica_problems(
+    training: TrainingConfig, replicas: Replicas, *, path: str, refused_dataset: bool = False
+) -> list[str]:
+    """What a job with these tasks would crash or hang on with `training`: no ps to keep the
+    parameters (every task fails), a sync step that waits for more workers than there are (a
+    deadlock), a built-in dataset with fewer training examples than workers. The operator
+    checks a manifest with it (`problems`), a task its TF_CONFIG at start (`roles`)."""
+    found = []
+    if replicas.ps < 1:
+        found.append(
+            _line(
+                replicas.ps_field,
+                replicas.ps,
+                "an integer >= 1 while there are workers: the workers keep their parameters "
+                "on the ps tasks",
+            )
+        )
+    aggregate = training.replicasToAggregate
+    if training.mode == "sync" and aggregate is not None and aggregate > replicas.workers:
+        found.append(
+            _line(
+                f"{path}.replicasToAggregate",
+                aggregate,
+                f"at most the number of workers ({replicas.workers}, {replicas.workers_field}): "
+                "a sync step waits for that many workers' gradients",
+            )
+        )
+    dataset = training.dataset
+    if not refused_dataset and dataset.module is None and dataset.name in ("synthetic", "sparse"):
+        examples = catalog.check_dataset(dataset.name, dataset.kwargs)["examples"]
+        if examples < replicas.workers:
+            found.append(
+                _line(
+                    f"{path}.dataset.kwargs.examples",
+                    examples,
+                    f"at least the number of workers ({replicas.workers}, "
+                    f"{replicas.workers_field}): each worker trains on its own share",
+                )
+            )
+    return found
+
+
+def _check(
+    raw: object, path: str, tasks: Replicas | None = None
+) -> tuple[TrainingConfig, list[str]]:
     """The configuration with defaults applied, and every independent problem found (the
-    configuration means nothing unless there are none)."""
+    configuration means nothing unless there are none); with `tasks`, the rules that
+    compare it with the job's tasks too."""
     try:
         top = _Reader(raw, path, TrainingConfig)
     except TrainingConfigError as err:
         return TrainingConfig(), [str(err)]
     found = _Problems()
     default = TrainingConfig()
-    model = found.check(default.model, lambda: _model(top.get("model"), f"{path}.model"))
+    # None when refused: the cross-field rules skip a section already refused.
+    model = found.check(None, lambda: _model(top.get("model"), f"{path}.model"))
     dataset = found.check(
-        default.dataset,
+        None,
         lambda: _dataset(
             top.get("dataset"), f"{path}.dataset", default=_default_dataset(top.get("model"))
         ),
@@ -412,9 +556,7 @@ def _check(raw: object, path: str) -> tuple[TrainingConfig, list[str]]:
     place = found.check(
         default.placement, lambda: _placement(top.get("placement"), f"{path}.placement")
     )
-    checkpoint = found.check(
-        default.checkpoint, lambda: _checkpoint(top.get("checkpoint"), f"{path}.checkpoint")
-    )
+    checkpoint = found.check(None, lambda: _checkpoint(top.get("checkpoint"), f"{path}.checkpoint"))
     steps = integer("steps", default.steps, minimum=1)
     batch_size = integer("batchSize", default.batchSize, minimum=1)
     seed = integer("seed", default.seed, minimum=0)
@@ -430,18 +572,18 @@ def _check(raw: object, path: str) -> tuple[TrainingConfig, list[str]]:
     )
     progress_timeout = found.check(
         default.progressTimeoutSeconds,
-        lambda: top.number(
-            "progressTimeoutSeconds", default.progressTimeoutSeconds, minimum=0.0
-        ),
+        lambda: top.number("progressTimeoutSeconds", default.progressTimeoutSeconds, minimum=0.0),
     )
     on_divergence = found.check(
-        default.onDivergence,
-        lambda: top.string("onDivergence", default.onDivergence, allowed=ON_DIVERGENCE)
-        or default.onDivergence,
+        None,
+        lambda: (
+            top.string("onDivergence", default.onDivergence, allowed=ON_DIVERGENCE)
+            or default.onDivergence
+        ),
     )
     max_rollbacks = found.check(
         default.maxRollbacks,
-        lambda: top.integer("maxRollbacks", default.maxRollbacks, minimum=0),
+        lambda: top.integer("maxRollbacks", default.maxRollbacks, minimum=0) or 0,
     )
     summary_every = integer("summaryEverySteps", default.summaryEverySteps, minimum=1)
     export_path = found.check(None, lambda: top.string("exportPath", None))
@@ -457,9 +599,20 @@ def _check(raw: object, path: str) -> tuple[TrainingConfig, list[str]]:
                 f"more than heartbeatSeconds ({heartbeat})",
             )
         )
+    if model is not None and dataset is not None:
+        found.found += _fit_problems(model, dataset, path=path)
+    if on_divergence == "rollback" and checkpoint is not None and checkpoint.dir is None:
+        found.add(
+            _fail(
+                f"{path}.onDivergence",
+                on_divergence,
+                f'"fail" unless {path}.checkpoint.dir is set: a rollback restores the last '
+                "checkpoint",
+            )
+        )
     training = TrainingConfig(
-        model=model,
-        dataset=dataset,
+        model=model or default.model,
+        dataset=dataset or default.dataset,
         mode=mode,
         replicasToAggregate=replicas,
         maxStaleness=staleness,
@@ -468,7 +621,7 @@ def _check(raw: object, path: str) -> tuple[TrainingConfig, list[str]]:
         seed=seed,
         optimizer=optimizer,
         placement=place,
-        checkpoint=checkpoint,
+        checkpoint=checkpoint or default.checkpoint,
         evalEverySteps=eval_every,
         logEverySeconds=log_every,
         heartbeatSeconds=heartbeat or default.heartbeatSeconds,
@@ -477,10 +630,12 @@ def _check(raw: object, path: str) -> tuple[TrainingConfig, list[str]]:
         exportPath=export_path,
         tensorboard=tensorboard,
         progressTimeoutSeconds=progress_timeout,
-        onDivergence=on_divergence,
-        maxRollbacks=default.maxRollbacks if max_rollbacks is None else max_rollbacks,
+        onDivergence=on_divergence or default.onDivergence,
+        maxRollbacks=max_rollbacks,
         summaryEverySteps=summary_every,
     )
+    if tasks is not None:
+        found.found += replica_problems(training, tasks, path=path, refused_dataset=dataset is None)
     return training, found.found
 
 
@@ -493,11 +648,12 @@ def parse(raw: object, *, path: str = "training") -> TrainingConfig:
     return training
 
 
-def problems(raw: object, *, path: str = "training") -> list[str]:
+def problems(raw: object, *, path: str = "training", replicas: Replicas | None = None) -> list[str]:
     """Every independent problem of `raw`, one line each ([] when `parse` accepts it): a
     misspelt model and a misspelt optimizer are two. A problem that follows from another (the
-    kwargs of a model whose name is wrong) is not listed."""
-    return _check(raw, path)[1]
+    kwargs of a model whose name is wrong) is not listed. With `replicas` (a manifest's
+    replicaSpecs), `replica_problems` too."""
+    return _check(raw, path, replicas)[1]
 
 
 def loads(text: str, *, path: str = "training") -> TrainingConfig:

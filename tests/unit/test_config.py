@@ -91,6 +91,64 @@ BAD = [
     ({"optimizer": {"name": "adam", "kwargs": []}}, "training.optimizer.kwargs: expected an obj"),
     ({"optimizer": "sgd"}, "training.optimizer: expected an object {name, kwargs}"),
     (
+        {"optimizer": {"name": "adam", "kwargs": {"learning_rate": "0.01"}}},
+        'training.optimizer.kwargs.learning_rate: got "0.01"; expected a finite number > 0',
+    ),
+    (
+        {"optimizer": {"name": "adam", "kwargs": {"learning_rate": 0.1, "b2": 1}}},
+        "training.optimizer.kwargs.b2: got 1; expected a finite number >= 0 and < 1",
+    ),
+    (
+        {"onDivergence": "rollback"},
+        'training.onDivergence: got "rollback"; expected "fail" unless training.checkpoint.dir '
+        "is set: a rollback restores the last checkpoint",
+    ),
+    (
+        {"model": {"name": "embedding", "kwargs": {"rows": 1000}}},
+        "training.model.kwargs.rows: got 1000; expected at least "
+        "training.dataset.kwargs.idRange (150000): the dataset's ids run up to 149999",
+    ),
+    (
+        {
+            "model": {"name": "embedding", "kwargs": {"idsPerExample": 3}},
+            "dataset": {"name": "sparse", "kwargs": {"idsPerExample": 5}},
+        },
+        "training.model.kwargs.idsPerExample: got 3; expected "
+        "training.dataset.kwargs.idsPerExample (5), the ids of each example",
+    ),
+    (
+        {"model": {"name": "embedding"}, "dataset": {"name": "digits"}},
+        'training.dataset.name: got "digits"; expected sparse or your files for model '
+        "embedding, which reads batch key 'ids'",
+    ),
+    (
+        {"model": {"name": "mlp"}, "dataset": {"name": "sparse"}},
+        'training.dataset.name: got "sparse"; expected synthetic, digits, idx or your files for '
+        "model mlp, which reads batch key 'x'",
+    ),
+    (
+        {"model": {"name": "linear"}, "dataset": {"name": "digits"}},
+        "training.model.kwargs.features: got 16; expected 64, the width of x in digits",
+    ),
+    (
+        {"model": {"name": "linear"}, "dataset": {"kwargs": {"features": 8}}},
+        "training.model.kwargs.features: got 16; expected 8, the width of x in synthetic "
+        "(training.dataset.kwargs.features)",
+    ),
+    (
+        {"model": {"name": "mlp", "kwargs": {"inputs": 32}}},
+        "training.model.kwargs.inputs: got 32; expected 64, the width of x in digits",
+    ),
+    (
+        {"model": {"name": "mlp", "kwargs": {"classes": 2}}},
+        "training.model.kwargs.classes: got 2; expected at least 10: digits' labels are 0..9",
+    ),
+    (
+        {"model": {"name": "mlp"}, "dataset": {"name": "synthetic"}},
+        'training.dataset.name: got "synthetic"; expected a dataset of class labels for model '
+        "mlp (digits, idx or your files): synthetic's y is a real number",
+    ),
+    (
         {"model": {"name": "mlp", "kwargs": {"hiden": [8]}}},
         "training.model.kwargs.hiden: unknown argument 'hiden'; allowed: hidden, inputs, classes",
     ),
@@ -191,6 +249,7 @@ def test_problems_lists_every_independent_section() -> None:
         "training.dataset.name",
         "training.replicasToAggregate",
         "training.optimizer.kwargs.lr",
+        "training.optimizer.kwargs.learning_rate",  # missing: lr is not its name
         "training.steps",
         "training.stepz",
         "training.workerTimeoutSeconds",
@@ -263,4 +322,99 @@ def test_a_bad_tensorboard_field_is_listed_with_the_other_problems() -> None:
     assert found == [
         "training.steps: got 0; expected an integer >= 1",
         'training.tensorboard.flushSeconds: got "5"; expected an integer >= 1',
+    ]
+
+
+def test_every_bad_optimizer_argument_is_listed_with_the_other_problems() -> None:
+    raw = {
+        "optimizer": {"name": "adam", "kwargs": {"learning_rate": "0.01", "nesterov": 1}},
+        "steps": 0,
+    }
+    assert [problem.split(":")[0] for problem in config.problems(raw)] == [
+        "training.optimizer.kwargs.learning_rate",
+        "training.optimizer.kwargs.nesterov",
+        "training.steps",
+    ]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(
+            {"model": {"name": "embedding", "kwargs": {"rows": 10}}, "dataset": {"name": "nope"}},
+            id="dataset-refused",
+        ),
+        pytest.param(
+            {
+                "model": {"name": "embedding", "kwargs": {"rows": "10"}},
+                "dataset": {"name": "sparse"},
+            },
+            id="model-refused",
+        ),
+        pytest.param(
+            {"onDivergence": "rollback", "checkpoint": {"dir": "/c", "keep": 0}},
+            id="checkpoint-refused",
+        ),
+    ],
+)
+def test_a_refused_section_is_not_compared_with_another(raw: dict[str, object]) -> None:
+    assert len(config.problems(raw)) == 1
+
+
+@pytest.mark.parametrize(
+    ("raw", "workers", "ps", "expected"),
+    [
+        pytest.param(
+            {"mode": "sync", "replicasToAggregate": 5},
+            2,
+            1,
+            [
+                "training.replicasToAggregate: got 5; expected at most the number of workers (2, "
+                "spec.replicaSpecs.worker.replicas): a sync step waits for that many workers' "
+                "gradients"
+            ],
+            id="aggregating-more-workers-than-there-are",
+        ),
+        pytest.param(
+            {},
+            2,
+            0,
+            [
+                "spec.replicaSpecs.ps.replicas: got 0; expected an integer >= 1 while there are "
+                "workers: the workers keep their parameters on the ps tasks"
+            ],
+            id="no-ps",
+        ),
+        pytest.param(
+            {"model": {"name": "linear"}, "dataset": {"kwargs": {"examples": 3}}},
+            4,
+            1,
+            [
+                "training.dataset.kwargs.examples: got 3; expected at least the number of workers "
+                "(4, spec.replicaSpecs.worker.replicas): each worker trains on its own share"
+            ],
+            id="fewer-examples-than-workers",
+        ),
+        pytest.param({"mode": "sync", "replicasToAggregate": 2}, 2, 1, [], id="aggregating-all"),
+        pytest.param({"mode": "sync"}, 1, 1, [], id="aggregating-every-live-worker"),
+    ],
+)
+def test_rules_between_the_training_and_the_tasks(
+    raw: dict[str, object], workers: int, ps: int, expected: list[str]
+) -> None:
+    tasks = config.Replicas(workers=workers, ps=ps)
+    assert config.problems(raw, replicas=tasks) == expected
+    assert config.problems(raw) == []  # without the tasks, nothing to compare with
+    training = config.parse(raw)
+    assert config.replica_problems(training, tasks, path="training") == expected
+
+
+def test_a_task_names_its_tf_config_where_a_manifest_names_its_replica_specs() -> None:
+    tasks = config.Replicas(
+        workers=1, ps=0, workers_field="TF_CONFIG cluster.worker", ps_field="TF_CONFIG cluster.ps"
+    )
+    training = config.parse({"mode": "sync", "replicasToAggregate": 2})
+    assert [p.split(";")[0] for p in config.replica_problems(training, tasks, path="JAXPS")] == [
+        "TF_CONFIG cluster.ps: got 0",
+        "JAXPS.replicasToAggregate: got 2",
     ]

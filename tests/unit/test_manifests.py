@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from jaxps_operator import schema
+from jaxps_operator import cli, schema
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 GOOD: dict[str, Any] = {
@@ -24,9 +24,10 @@ GOOD: dict[str, Any] = {
 }
 
 
-def change(path: str, value: Any) -> dict[str, Any]:
-    """GOOD with the value at a dotted path replaced (or deleted, for the DELETE marker)."""
-    manifest = copy.deepcopy(GOOD)
+def change(path: str, value: Any, *, base: dict[str, Any] = GOOD) -> dict[str, Any]:
+    """`base` (GOOD) with the value at a dotted path replaced (or deleted, for the DELETE
+    marker)."""
+    manifest = copy.deepcopy(base)
     *parents, last = path.split(".")
     node = manifest
     for key in parents:
@@ -143,6 +144,11 @@ CATALOGUE: list[tuple[str, dict[str, Any] | Any, str]] = [
         "spec.training.checkpoint.keep",
     ),
     (
+        "rollback-without-checkpoint-dir",
+        change("spec.training.onDivergence", "rollback"),
+        'spec.training: Invalid value: "object": onDivergence: rollback needs checkpoint.dir',
+    ),
+    (
         "tensorboard-without-dir",
         change("spec.training.tensorboard", {"flushSeconds": 5}),
         "spec.training.tensorboard.dir: Required value",
@@ -251,4 +257,84 @@ def test_loading_refuses_a_template_value_the_runtime_would_refuse() -> None:
     assert problem.path == "spec.replicaSpecs.ps.template.spec.containers[0].env[0].value"
     assert problem.message.startswith(
         'JAXPS_PS_XLA_THREADS: got "\\u00b2"; expected a thread count'
+    )
+
+
+ADAM = "spec.training.optimizer"
+RUNTIME_REFUSES: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "learning-rate-a-string",
+        change(ADAM, {"name": "adam", "kwargs": {"learning_rate": "0.01"}}),
+        'spec.training.optimizer.kwargs.learning_rate: got "0.01"; expected a finite number > 0',
+    ),
+    (
+        "b1-of-one",
+        change(ADAM, {"name": "adam", "kwargs": {"learning_rate": 0.1, "b1": 1}}),
+        "spec.training.optimizer.kwargs.b1: got 1; expected a finite number >= 0 and < 1",
+    ),
+    (
+        "a-mask",
+        change(ADAM, {"name": "adamw", "kwargs": {"learning_rate": 0.1, "mask": "kernel"}}),
+        'spec.training.optimizer.kwargs.mask: got "kernel"; expected null (its default) or no '
+        "value",
+    ),
+    (
+        "aggregating-more-workers-than-there-are",
+        change("spec.training", {"mode": "sync", "replicasToAggregate": 5}),
+        "spec.training.replicasToAggregate: got 5; expected at most the number of workers (2, "
+        "spec.replicaSpecs.worker.replicas)",
+    ),
+    (
+        "no-ps",
+        change("spec.replicaSpecs.ps", DELETE),
+        "spec.replicaSpecs.ps.replicas: got 0; expected an integer >= 1 while there are workers",
+    ),
+    (
+        "zero-ps",
+        change("spec.replicaSpecs.ps.replicas", 0),
+        "spec.replicaSpecs.ps.replicas: got 0; expected an integer >= 1 while there are workers",
+    ),
+    (
+        "embedding-rows-below-id-range",
+        change("spec.training.model", {"name": "embedding", "kwargs": {"rows": 1000}}),
+        "spec.training.model.kwargs.rows: got 1000; expected at least "
+        "spec.training.dataset.kwargs.idRange (150000)",
+    ),
+    (
+        "embedding-on-digits",
+        change(
+            "spec.training.model",
+            {"name": "embedding"},
+            base=change("spec.training.dataset", {"name": "digits"}),
+        ),
+        'spec.training.dataset.name: got "digits"; expected sparse or your files for model '
+        "embedding",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("manifest", "message"),
+    [(m, msg) for _, m, msg in RUNTIME_REFUSES],
+    ids=[name for name, _, _ in RUNTIME_REFUSES],
+)
+def test_what_the_runtime_would_refuse_is_refused_on_loading_naming_the_field(
+    manifest: dict[str, Any], message: str
+) -> None:
+    schema.validate(manifest)  # the CRD's schema takes it: only the runtime's rules refuse it
+    with pytest.raises(schema.InvalidManifestError) as caught:
+        schema.load(json.dumps(manifest))
+    assert any(message in str(p) for p in caught.value.problems), caught.value.problems
+    assert schema.training_problems(schema.validate(manifest))  # what the planner calls
+
+
+def test_validate_exits_2_on_a_string_learning_rate_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(RUNTIME_REFUSES[0][1]))
+    assert cli.main(["validate", str(path)]) == cli.EXIT_INVALID == 2
+    [line] = [line for line in capsys.readouterr().err.splitlines() if "learning_rate" in line]
+    assert line.strip().startswith(
+        'spec.training.optimizer.kwargs.learning_rate: got "0.01"; expected a finite number > 0'
     )
