@@ -523,3 +523,253 @@ def test_pods_name_the_addresses_and_metrics_ports_the_network_gives() -> None:
     assert env["JAXPS_METRICS_PORT"] == "5003"
     assert {"name": "grpc", "containerPort": 4003} in main["ports"]
     assert {"name": "metrics", "containerPort": 5003} in main["ports"]
+
+
+def replaced_by(
+    j: dict[str, Any], name: str, changed: PodState, phase: str = "Running"
+) -> list[PodState]:
+    """Every pod of the job in `phase`, the one called `name` being `changed`."""
+    return [changed if p.name == name else p for p in pods(j, phase)]
+
+
+FINAL = [
+    (78, "InvalidTraining", "refused its training configuration"),
+    (79, "UserCodeError", "failed in the user's code"),
+    (80, "Diverged", "found the training diverged"),
+    (81, "Stalled", "found the training stalled"),
+]
+
+
+@pytest.mark.parametrize("policy", ["OnFailure", "Always", "ExitCode", "Never"])
+@pytest.mark.parametrize(("code", "reason", "what"), FINAL, ids=[r for _, r, _ in FINAL])
+def test_a_final_exit_code_ends_the_job_at_once_with_its_reason_and_cause(
+    code: int, reason: str, what: str, policy: str
+) -> None:
+    j = job(policy=policy)
+    step(j, pods(j))
+    cause = "ValueError: bad batch (train.py:12)"
+    ended = PodState("tj-worker-1", "worker", 1, "Failed", exit_code=code, message=cause)
+    result = step(j, replaced_by(j, "tj-worker-1", ended))
+    failed = cond(result.status, "Failed")
+    assert failed is not None
+    assert failed["reason"] == reason
+    assert failed["message"] == f"worker 1 (pod tj-worker-1) {what} (exit code {code}): {cause}"
+    assert [(e.type, e.reason, e.message) for e in result.events][-1] == (
+        "Warning",
+        reason,
+        failed["message"],
+    )
+    assert result.status["restarts"] == 0
+    assert result.replaced == []
+
+
+LIMIT_FIELD = "spec.replicaSpecs.ps.template.spec.containers[0].resources.limits.memory"
+
+
+def oom(
+    j: dict[str, Any], *, limit: str | None = "1Gi", reason: str = "OOMKilled"
+) -> list[PodState]:
+    killed = PodState(
+        "tj-ps-0",
+        "ps",
+        0,
+        "Failed",
+        exit_code=137,
+        reason=reason,
+        container_reason=reason,
+        memory_limit=limit,
+    )
+    return replaced_by(j, "tj-ps-0", killed)
+
+
+def test_an_oom_killed_pod_is_replaced_and_the_event_says_oom_killed_and_the_limit() -> None:
+    j = job(policy="ExitCode")
+    step(j, pods(j))
+    result = step(j, oom(j))
+    assert result.replaced == [("ps", 0)]
+    replaced = next(e for e in result.events if e.reason == "PodReplaced")
+    assert replaced.message == (
+        "ps 0 (pod tj-ps-0) was OOMKilled (exit code 137, memory limit 1Gi); "
+        "replacing it (restartPolicy ExitCode)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("limit", "said"), [("1Gi", "with its memory limit 1Gi"), (None, "with no memory limit")]
+)
+def test_an_oom_killed_pod_that_ends_the_job_names_its_limit_and_what_to_change(
+    limit: str | None, said: str
+) -> None:
+    j = job(policy="Never")
+    step(j, pods(j))
+    result = step(j, oom(j, limit=limit))
+    failed = cond(result.status, "Failed")
+    assert failed is not None
+    assert failed["reason"] == "OOMKilled"
+    assert f"ps 0 (pod tj-ps-0) was OOMKilled (exit code 137) {said}" in failed["message"]
+    assert LIMIT_FIELD in failed["message"]
+    assert "restartPolicy is Never" in failed["message"]
+
+
+def test_an_oom_kill_past_the_backoff_limit_fails_the_job_as_oom_killed() -> None:
+    j = job(run={"backoffLimit": 0})
+    step(j, pods(j))
+    failed = cond(step(j, oom(j)).status, "Failed")
+    assert failed is not None
+    assert failed["reason"] == "OOMKilled"
+    assert LIMIT_FIELD in failed["message"]
+    assert "0 pod replacements reached runPolicy.backoffLimit (0)" in failed["message"]
+
+
+def test_exit_137_without_oom_killed_stays_a_plain_kill() -> None:
+    j = job(policy="Never")
+    step(j, pods(j))
+    failed = cond(step(j, oom(j, reason="Error")).status, "Failed")
+    assert failed is not None
+    assert failed["reason"] == "ReplicaFailed"
+    assert "ps 0 (pod tj-ps-0) failed with exit code 137" in failed["message"]
+    assert "OOMKilled" not in failed["message"]
+
+
+UNSCHEDULABLE = "0/1 nodes are available: 1 Insufficient cpu."
+
+
+def waiting(
+    j: dict[str, Any],
+    *,
+    reason: str = "Unschedulable",
+    message: str = UNSCHEDULABLE,
+    since: datetime = NOW,
+) -> list[PodState]:
+    stuck = PodState(
+        "tj-worker-1",
+        "worker",
+        1,
+        "Pending",
+        waiting_reason=reason,
+        waiting_message=message,
+        created=since,
+    )
+    return replaced_by(j, "tj-worker-1", stuck)
+
+
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [
+        ("Unschedulable", UNSCHEDULABLE),
+        ("Unschedulable", '0/1 nodes are available: persistentvolumeclaim "x" not found.'),
+        ("ErrImagePull", 'failed to pull image "mine/jaxps:typo": not found'),
+        ("CreateContainerConfigError", 'secret "creds" not found'),
+    ],
+    ids=["insufficient-cpu", "missing-claim", "image", "config"],
+)
+def test_a_waiting_pod_says_why_in_pods_ready_and_one_warning_per_change(
+    reason: str, message: str
+) -> None:
+    j = job()
+    step(j, [])
+    result = step(j, waiting(j, reason=reason, message=message))
+    ready = cond(result.status, "PodsReady")
+    assert ready is not None
+    assert (ready["status"], ready["reason"]) == ("False", reason)
+    assert ready["message"] == f"pod tj-worker-1 (worker 1) waits: {reason}: {message}"
+    assert [(e.reason, e.message) for e in result.events if e.type == "Warning"] == [
+        (reason, ready["message"])
+    ]
+    assert result.requeue_after is None  # no scheduleTimeoutSeconds: it waits
+    again = step(j, waiting(j, reason=reason, message=message), NOW + timedelta(seconds=30))
+    assert again.events == []  # said once, not every pass
+    assert cond(again.status, "Failed") is None
+    # it runs now: PodsReady says so
+    back = step(j, pods(j), NOW + timedelta(seconds=60))
+    assert cond(back.status, "PodsReady")["status"] == "True"  # type: ignore[index]
+
+
+def test_a_pod_that_waits_past_the_schedule_timeout_fails_the_job_by_a_timer() -> None:
+    j = job(run={"scheduleTimeoutSeconds": 300})
+    step(j, [])
+    first = step(j, waiting(j), NOW + timedelta(seconds=100))
+    assert first.requeue_after == pytest.approx(200)
+    over = step(j, waiting(j), NOW + timedelta(seconds=300))
+    failed = cond(over.status, "Failed")
+    assert failed is not None
+    assert failed["reason"] == "Unschedulable"
+    assert failed["message"] == (
+        "pod tj-worker-1 (worker 1) waited 300 s, past runPolicy.scheduleTimeoutSeconds "
+        f"(300 s): Unschedulable: {UNSCHEDULABLE}"
+    )
+    assert "tj-worker-1" in over.delete
+
+
+def test_a_chief_that_succeeded_wins_over_a_ps_killed_in_the_same_pass() -> None:
+    j = job(chief=1)
+    step(j, pods(j))
+    result = step(j, pods(j, chief0=("Succeeded", 0), ps0=("Failed", 137)))
+    assert result.status["state"] == "Succeeded"
+    assert cond(result.status, "Failed") is None
+    assert result.replaced == []
+    assert result.status["restarts"] == 0
+    assert "PodReplaced" not in [e.reason for e in result.events]
+
+
+def test_a_chief_killed_after_recording_its_summary_succeeded() -> None:
+    j = job(policy="Never")
+    step(j, pods(j))
+    done = json.dumps({"event": "done", "step": 10, "loss": 0.1}) + "\n"
+    killed = PodState("tj-worker-0", "worker", 0, "Failed", exit_code=137, message=done)
+    result = step(j, replaced_by(j, "tj-worker-0", killed))
+    succeeded = cond(result.status, "Succeeded")
+    assert succeeded is not None
+    assert "worker 0 (its final summary was recorded" in succeeded["message"]
+    assert cond(result.status, "Failed") is None
+    assert result.status["progress"]["step"] == 10
+
+
+def test_a_chief_killed_before_its_summary_is_replaced() -> None:
+    j = job()
+    step(j, pods(j))
+    result = step(j, pods(j, worker0=("Failed", 137)))
+    assert result.replaced == [("worker", 0)]
+    assert cond(result.status, "Succeeded") is None
+
+
+TRAINING = {"jaxps_global_step": 5.0, "jaxps_training": 1.0}
+
+
+def test_a_step_that_does_not_move_while_the_chief_trains_fails_the_job_stalled() -> None:
+    j = job()
+    j["spec"]["training"]["progressTimeoutSeconds"] = 100
+    step(j, pods(j), metrics=TRAINING)
+    assert j["status"]["progress"]["stepTime"] == "2026-11-21T12:00:00Z"
+    waiting_ = step(j, pods(j), NOW + timedelta(seconds=150), metrics=TRAINING)
+    assert waiting_.requeue_after == pytest.approx(10)  # 100 s + the chief's 60 s first
+    assert cond(waiting_.status, "Failed") is None
+    over = step(j, pods(j), NOW + timedelta(seconds=160), metrics=TRAINING)
+    failed = cond(over.status, "Failed")
+    assert failed is not None
+    assert failed["reason"] == "Stalled"
+    assert "has not moved from 5 for 160 s" in failed["message"]
+
+
+def test_a_step_that_moves_or_a_chief_not_training_is_no_stall() -> None:
+    j = job()
+    j["spec"]["training"]["progressTimeoutSeconds"] = 100
+    step(j, pods(j), metrics=TRAINING)
+    moved = {**TRAINING, "jaxps_global_step": 6.0}
+    result = step(j, pods(j), NOW + timedelta(seconds=150), metrics=moved)
+    assert result.status["progress"]["stepTime"] == "2026-11-21T12:02:30Z"
+    # a long synchronous checkpoint: the clock is held while the chief does not train
+    checkpointing = {**moved, "jaxps_training": 0.0}
+    step(j, pods(j), NOW + timedelta(seconds=1000), metrics=checkpointing)
+    back = step(j, pods(j), NOW + timedelta(seconds=1010), metrics=moved)
+    assert cond(back.status, "Failed") is None
+    assert back.requeue_after == pytest.approx(150)
+
+
+def test_a_progress_timeout_of_0_turns_the_backstop_off() -> None:
+    j = job()
+    j["spec"]["training"]["progressTimeoutSeconds"] = 0
+    step(j, pods(j), metrics=TRAINING)
+    result = step(j, pods(j), NOW + timedelta(days=1), metrics=TRAINING)
+    assert cond(result.status, "Failed") is None
+    assert result.requeue_after is None

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
+from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from jaxps_operator import kube, progress
 from jaxps_operator.objects import PodState
@@ -100,3 +104,44 @@ def test_no_loss_is_reported_before_the_first_step() -> None:
     )
     assert "loss" not in out
     assert out["step"] == 0
+
+
+def test_no_last_checkpoint_step_is_reported_while_there_is_none() -> None:
+    off = {**METRICS, "jaxps_last_checkpoint_step": 0.0}
+    assert "lastCheckpointStep" not in progress.update({}, chief=chief("Running"), metrics=off)
+    del off["jaxps_last_checkpoint_step"]
+    assert "lastCheckpointStep" not in progress.update({}, chief=chief("Running"), metrics=off)
+    # an older operator's 0 goes too; a real one stays
+    assert "lastCheckpointStep" not in progress.merge({"lastCheckpointStep": 0}, off)
+    assert progress.merge({"lastCheckpointStep": 40}, off)["lastCheckpointStep"] == 40
+    done = {**DONE, "lastCheckpointStep": 0}
+    assert "lastCheckpointStep" not in progress.final({}, done)
+
+
+@pytest.mark.parametrize("loss", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+def test_a_non_finite_loss_is_null_with_a_note_and_the_progress_strict_json(loss: float) -> None:
+    metrics = {**METRICS, "jaxps_loss": loss, "eval/accuracy": math.nan}
+    out = progress.update({"loss": 0.4}, chief=chief("Running"), metrics=metrics)
+    assert out["loss"] is None
+    assert out["note"] == f"the loss at step 42 was not finite ({loss})"
+    assert "eval" not in out
+    json.dumps(out, allow_nan=False)  # what the API server takes
+    finite = progress.merge(out, METRICS)
+    assert finite["loss"] == 0.5
+    assert "note" not in finite
+    final = progress.final({}, {**DONE, "loss": loss})
+    assert final["loss"] is None
+    assert "not finite" in final["note"]
+    json.dumps(final, allow_nan=False)
+
+
+def test_step_time_is_when_the_step_last_moved() -> None:
+    t0 = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+    first = progress.merge({}, METRICS, now=t0)
+    assert first["stepTime"] == "2026-11-21T12:00:00Z"
+    same = progress.merge(first, METRICS, now=t0 + timedelta(seconds=30))
+    assert same["stepTime"] == "2026-11-21T12:00:00Z"
+    moved = progress.merge(
+        same, {**METRICS, "jaxps_global_step": 43.0}, now=t0 + timedelta(seconds=40)
+    )
+    assert moved["stepTime"] == "2026-11-21T12:00:40Z"

@@ -421,3 +421,42 @@ def test_a_network_policy_admits_the_jobs_own_pods_and_the_operator_to_metrics()
     assert policy["spec"]["podSelector"] == own
     assert policy["spec"]["ingress"][0] == {"from": [{"podSelector": own}]}
     assert policy["spec"]["ingress"][1]["ports"] == [{"protocol": "TCP", "port": "metrics"}]
+
+
+def test_a_pass_cut_short_by_a_conflict_after_a_kill_still_counts_the_replacement_once() -> None:
+    memory, run = started()
+    memory.end("tj-ps-0", 137)
+    assert memory.job is not None
+    memory.job["metadata"]["resourceVersion"] += 1  # someone wrote the job since it was read
+
+    class Stale(Memory):
+        def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+            stale = super().get_job(namespace, name)
+            assert stale is not None
+            stale["metadata"]["resourceVersion"] -= 1
+            return stale
+
+    stale = Stale(memory.job, pods=memory.pods, service=True, secrets=memory.secrets)
+    with pytest.raises(ConflictError):
+        reconcile.reconcile(stale, "ns", "tj", now=NOW, validator=reconcile.Validator())
+    assert "tj-ps-0" in memory.pods  # nothing was touched: the pass is repeated whole
+    run()  # repeated
+    run()  # the pod is gone: created again
+    memory.run_all()
+    run()
+    assert memory.job["status"]["restarts"] == 1
+    assert memory.job["status"]["replicaStatuses"]["ps"]["restarts"] == 1
+
+
+def test_the_chiefs_metrics_reach_the_planner_and_a_stalled_step_fails_the_job() -> None:
+    memory, run = started(training={"steps": 50, "progressTimeoutSeconds": 60})
+    memory.metrics["tj-worker-0"] = {"jaxps_global_step": 7.0, "jaxps_training": 1.0}
+    assert run(progress_interval=10.0).requeue_after == 10.0
+    assert memory.job is not None
+    assert memory.job["status"]["progress"]["stepTime"] == "2026-11-23T09:00:00Z"
+    outcome = run(NOW + timedelta(seconds=120), progress_interval=10.0)
+    assert outcome.state == "Failed"
+    failed = cond(memory, "Failed")
+    assert failed["reason"] == "Stalled"
+    assert "has not moved from 7 for 120 s" in failed["message"]
+    json.dumps(memory.job["status"], allow_nan=False)
