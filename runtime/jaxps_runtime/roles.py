@@ -108,8 +108,17 @@ def run(
 def _start_problems(state: Task, *, where: str) -> list[str]:
     """What only JAX can find wrong with the configuration, found now rather than mid-job:
     optax's verdict on the optimizer's arguments, the user model's import and factory, the
-    model's and the dataset's construction. Independent checks, all made."""
-    found: list[str] = []
+    model's and the dataset's construction; and what TF_CONFIG's tasks cannot train
+    (`config.replica_problems`: no ps, a sync step waiting for more workers than there are),
+    which the operator refuses in a manifest already. Independent checks, all made."""
+    cluster_spec = state.spec.cluster
+    tasks = config.Replicas(
+        workers=cluster_spec.num_tasks(cluster.WORKER),
+        ps=cluster_spec.num_tasks(cluster.PS),
+        workers_field="TF_CONFIG.cluster.worker",
+        ps_field="TF_CONFIG.cluster.ps",
+    )
+    found = config.replica_problems(state.training, tasks, path=where)
     try:
         optim.build(state.training.optimizer, where=f"{where}.optimizer")
     except optim.OptimizerError as err:

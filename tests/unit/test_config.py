@@ -411,10 +411,10 @@ def test_rules_between_the_training_and_the_tasks(
 
 def test_a_task_names_its_tf_config_where_a_manifest_names_its_replica_specs() -> None:
     tasks = config.Replicas(
-        workers=1, ps=0, workers_field="TF_CONFIG cluster.worker", ps_field="TF_CONFIG cluster.ps"
+        workers=1, ps=0, workers_field="TF_CONFIG.cluster.worker", ps_field="TF_CONFIG.cluster.ps"
     )
     training = config.parse({"mode": "sync", "replicasToAggregate": 2})
     assert [p.split(";")[0] for p in config.replica_problems(training, tasks, path="JAXPS")] == [
-        "TF_CONFIG cluster.ps: got 0",
+        "TF_CONFIG.cluster.ps: got 0",
         "JAXPS.replicasToAggregate: got 2",
     ]
