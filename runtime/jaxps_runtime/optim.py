@@ -1,7 +1,8 @@
 """Optimizers for ps shards: any optax optimizer by name and keyword arguments.
 
 A job names its optimizer in `config.OptimizerConfig`, checked against the optax functions with
-a `learning_rate` (`catalog.optimizers()`); `build` makes it. Each shard has its own optax
+a `learning_rate` and what a manifest may give their arguments (`catalog.optimizers()`);
+`build` makes it. Each shard has its own optax
 state, so element-wise optimizers (sgd, momentum, adagrad, adam, rmsprop, ...) give exactly what
 they give on the whole tree. Optimizers that couple leaves (lamb, lars) see one shard at a time.
 
@@ -29,8 +30,9 @@ def build(config: OptimizerConfig, *, where: str = "optimizer") -> optax.Gradien
     """The optax transformation `config` names; errors name the field and what is allowed.
 
     The check at task start and at a ps's Init that only optax can make: `OptimizerConfig`
-    checked the name and the argument names against the catalog's table, this binds and calls
-    the installed optax (values of the wrong type or out of range)."""
+    checked the name, the argument names and each value's type and range against the
+    catalog's table (as the operator did, before any pod); this binds and calls the installed
+    optax, which may refuse more (a table older than the optax installed)."""
     fn = getattr(optax, config.name, None)
     if config.name.startswith("_") or not inspect.isfunction(fn):
         raise OptimizerError(
