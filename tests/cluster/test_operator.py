@@ -16,6 +16,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from jaxps_operator.policy import cleanup
 from jaxps_runtime import cluster as tfcluster
 from jaxps_runtime.metrics import Metrics
 from tests.cluster.harness import (
@@ -173,10 +174,13 @@ def test_pod_phases_drive_the_job_to_succeeded_and_running_pods_are_deleted(
     assert job["status"]["completionTime"]
     running = {c["type"]: c["status"] for c in job["status"]["conditions"]}["Running"]
     assert running == "False"
-    # cleanPodPolicy Running: no ps outlives its job; the finished workers stay for their logs
+    # cleanPodPolicy Running: the ps, told to shut down, have a grace to end on their own
+    # (their logs stay), then no ps outlives its job; the finished workers stay for their logs
+    assert sorted(jobs.pods("mnist")) == sorted(PODS)
     wait_for(
         lambda: sorted(jobs.pods("mnist")) == ["mnist-worker-0", "mnist-worker-1"],
-        what="the running ps pods to be deleted",
+        timeout=cleanup.RUNNING_GRACE_SECONDS + 30,
+        what="the running ps pods to be deleted after the grace",
     )
     assert len(jobs.wait_event("mnist", "JobSucceeded")) == 1
     assert 'jaxps_operator_jobs{state="Succeeded"}' in operator.metrics()
@@ -430,3 +434,34 @@ def _read(read: Any) -> Any:
         if err.status == 404:
             return None
         raise
+
+
+def test_a_pod_the_scheduler_cannot_place_is_named_then_fails_the_job_past_its_timeout(
+    jobs: Jobs,
+) -> None:
+    words = "0/1 nodes are available: 1 Insufficient cpu."
+    jobs.apply(mnist(scheduleTimeoutSeconds=5))
+    jobs.wait_pods("mnist", 4)
+    jobs.set_phase(
+        "mnist-ps-1",
+        "Pending",
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": words,
+            }
+        ],
+    )
+    # nothing but the timer moves it on: no other event comes
+    failed = jobs.wait_condition("mnist", "Failed", timeout=60)
+    assert failed["reason"] == "Unschedulable"
+    assert "runPolicy.scheduleTimeoutSeconds (5 s)" in failed["message"]
+    assert words in failed["message"]
+    conditions = (jobs.get("mnist") or {})["status"]["conditions"]
+    ready = next(c for c in conditions if c["type"] == "PodsReady")
+    assert (ready["status"], ready["reason"]) == ("False", "Unschedulable")
+    assert ready["message"] == f"pod mnist-ps-1 (ps 1) waits: Unschedulable: {words}"
+    warnings = [e for e in jobs.events("mnist") if e["reason"] == "Unschedulable"]
+    assert [e["message"] for e in warnings] == [ready["message"], failed["message"]]

@@ -140,6 +140,11 @@ def test_the_mnist_example_trains_to_succeeded(jobs: E2eJobs) -> None:
     assert accuracy(job) >= 0.9
     assert progress["lastCheckpointStep"] == body["spec"]["training"]["steps"]
     no_pod_left_running(jobs, "mnist")
+    # worker-1, told to stop, ended on its own within the operator's grace (cleanPodPolicy
+    # Running deletes a succeeded job's pods only once they have had that long): its log stays
+    worker = jobs.pods("mnist").get("mnist-worker-1")
+    assert worker is not None, "mnist-worker-1 was deleted before it ended: its log is gone"
+    assert worker["status"]["phase"] == "Succeeded", worker["status"]
     # the workers read and pushed over the bulk path, mutual TLS between pods (`bulk`)
     logs = jobs.kubectl("logs", "mnist-worker-1")
     served = re.search(r"(\d+) of (\d+) reads and updates went on the bulk path", logs)
