@@ -2,21 +2,26 @@
 summed in place as they come; the last one seals the step and applies the mean to every shard,
 then the step advances with the contributors' data cursors. A gradient for a step that moved
 on, or that is being applied, is refused as stale (as backup workers' are); a second one from
-the same worker for the same step is a duplicate and adds nothing.
+the same worker for the same step is a duplicate and adds nothing. A push the servicer refused
+(a gradient that is not finite) never reaches `count`: it adds nothing to the step, which the
+other workers' gradients complete.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from jaxps_runtime.policy import Mode, Push, PushResult
+from jaxps_runtime.policy import Mode, PsError, Push, PushResult
 
 if TYPE_CHECKING:
     from jaxps_runtime.shards import ParameterStore
+
+log = logging.getLogger(__name__)
 
 
 class Sync:
@@ -90,19 +95,23 @@ class Sync:
 
     def _apply_mean(self, sums: dict[str, np.ndarray], contributors: Mapping[str, int]) -> int:
         """Applies the mean to every shard, then opens the next step with the contributors'
-        cursors; returns it."""
+        cursors; returns it. The step opens also when a shard's update was refused as not
+        finite (that shard keeps its values; the PsError goes on to the caller): a refused
+        update never holds the step shut."""
+        who = f"the mean of step {self.store.step} from {', '.join(sorted(contributors))}"
         pending = []
         for name, total in sums.items():
             np.divide(total, len(contributors), out=total)
             held = self.store.find(name)
             if held is not None:
-                pending.append(self.store.apply_dense(held, total, push_id=""))
-        for future in pending:
-            future.result()
-        with self._lock:
-            _, step = self.store.count_push("", contributors)
-            self._sealed = False
-            return step
+                pending.append(self.store.apply_dense(held, total, push_id="", who=who))
+        try:
+            self.store.settle(pending)
+        finally:
+            with self._lock:
+                _, step = self.store.count_push("", contributors)
+                self._sealed = False
+        return step
 
     def before_read(self, worker: str, *, is_active: Callable[[], bool]) -> None:
         return None
@@ -118,5 +127,9 @@ class Sync:
                 self.workers = tuple(workers)
                 self.store.changed.notify_all()
             ready = self._seal_if_complete()
-        if ready is not None:
+        if ready is None:
+            return
+        try:
             self._apply_mean(*ready)
+        except PsError as err:  # the chief changed the workers: the refusal is the ps's to log
+            log.warning("%s: step applied after the workers changed: %s", self.store.task, err)

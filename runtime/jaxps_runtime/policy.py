@@ -25,6 +25,13 @@ if TYPE_CHECKING:
     from jaxps_runtime.shards import Held
 
 
+# Why a ps refused an update: the `reason` of its PsError (the trailing `rpc.REASON_KEY` of its
+# INVALID_ARGUMENT) and the reason label of `jaxps_ps_refused_updates_total`.
+NONFINITE_GRADIENT = "nonfinite_gradient"  # a pushed gradient has a NaN or an inf
+NONFINITE_UPDATE = "nonfinite_update"  # the optimizer's step made a parameter NaN or inf
+REFUSALS = (NONFINITE_GRADIENT, NONFINITE_UPDATE)
+
+
 class PsError(Exception):
     """A request the ps refuses; `code` is the gRPC status to answer with."""
 

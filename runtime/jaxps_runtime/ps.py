@@ -22,8 +22,8 @@ from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime import optim, rpc, shardfile, streams
 from jaxps_runtime.config import OptimizerConfig
-from jaxps_runtime.policy import Mode, Policy, PsError, Push, PushResult
-from jaxps_runtime.shards import STATE_NAMES, Held, ParameterStore
+from jaxps_runtime.policy import NONFINITE_GRADIENT, Mode, Policy, PsError, Push, PushResult
+from jaxps_runtime.shards import STATE_NAMES, Held, ParameterStore, finite
 
 log = logging.getLogger(__name__)
 
@@ -278,9 +278,11 @@ class ParameterServicer:
     def Update(
         self, frames: Iterator[bytes] | streams.Direct, context: grpc.ServicerContext
     ) -> Any:
-        """Checks the whole header first (a refusal changes nothing), then applies each tensor
-        as soon as its bytes are in (async; sync sums the dense ones and counts the push once
-        all are in; gradient rows are applied on arrival in every mode, Hogwild-style)."""
+        """Checks the whole header first, then every tensor as its bytes come in (a NaN or an
+        inf is refused as INVALID_ARGUMENT), and only once all are in and finite applies them
+        (async; sync sums the dense ones into the step; gradient rows are applied at once in
+        every mode, Hogwild-style): a refused push changes nothing. An update whose result is
+        not finite is refused too, and the shards it concerns keep their values."""
         store = self.store
         staging: dict[str, Held] = {}
         header, assembler, fill = streams.receive(
@@ -322,34 +324,35 @@ class ParameterServicer:
     ) -> PushResult:
         store, specs, push_id = self.store, assembler.specs, header.push_id
         sync = not policy.applies_on_arrival
-        skip = store.already_applied(push_id)  # shards a retry of this push updated already
-        pending = []
+        who = f"pushed by {header.id.task or '?'} at step {header.step}"
+        # Nothing is queued before every gradient is in and checked, so that a push with a NaN
+        # anywhere changes nothing; the price is that the first shard's update no longer
+        # overlaps the last shard's bytes.
         for done in fill:
             for i in done:
-                name, grad = specs[i].name, assembler.array(i)
-                if name in skip:
-                    continue
-                if i in rows:
-                    held, ids = rows[i]
-                    pending.append(store.apply_sparse(held, ids, grad, push_id=push_id))
-                elif not sync:
-                    pending.append(store.apply_dense(staging[name], grad, push_id=push_id))
+                self._require_finite(specs[i], assembler.array(i), rows=i in rows, who=who)
         store.counters.add("bytes_in", assembler.bytes)
-        for future in pending:
-            future.result()
         missing = assembler.missing()
         if missing:
             store.counters.add("pushes_incomplete")
             raise PsError(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"Update: stream ended before {', '.join(missing)}"
-                + (
-                    ""
-                    if sync
-                    else "; the complete shards were applied, a retry with the same "
-                    "push_id applies the rest"
-                ),
+                f"Update: stream ended before {', '.join(missing)}; nothing of it was applied",
             )
+        skip = store.already_applied(push_id)  # shards a retry of this push updated already
+        pending = []
+        for i, spec in enumerate(specs):
+            if spec.name in skip:
+                continue
+            grad = assembler.array(i)
+            if i in rows:
+                held, ids = rows[i]
+                pending.append(store.apply_sparse(held, ids, grad, push_id=push_id, who=who))
+            elif not sync:
+                pending.append(
+                    store.apply_dense(staging[spec.name], grad, push_id=push_id, who=who)
+                )
+        store.settle(pending)
         if rows:
             store.counters.add("sparse_pushes")
         dense = {
@@ -358,6 +361,20 @@ class ParameterServicer:
             if sync and i not in rows
         }
         return policy.count(Push(push_id, header.step, header.id.task, header.cursor, dense))
+
+    def _require_finite(
+        self, spec: streams.Spec, grad: np.ndarray, *, rows: bool, who: str
+    ) -> None:
+        if finite(grad):
+            return
+        self.store.refused(NONFINITE_GRADIENT)
+        log.warning("%s: refused a non-finite gradient of %r %s", self.store.task, spec.name, who)
+        raise PsError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"Update: the gradient{' rows' if rows else ''} of {spec.name!r} {who}: not finite "
+            "(NaN or inf); nothing of this update was applied",
+            reason=NONFINITE_GRADIENT,
+        )
 
     def _update_reply(
         self, request: tensor_pb2.FrameHeader, result: PushResult, context: grpc.ServicerContext

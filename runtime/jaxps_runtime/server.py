@@ -293,9 +293,15 @@ def serve_ps(
 def _refresh_metrics(server: PsServer, metrics: Metrics) -> None:
     """The ps's metrics: its step and bytes moved, refreshed every second from its counters;
     not ready once the server is told to stop (a signal or the Shutdown RPC)."""
+    from jaxps_runtime import policy  # noqa: PLC0415 (as the store: once the server listens)
+
     store = server.store
     assert store is not None, "the store is loaded first"
-    seen = {"bytes_in": 0.0, "bytes_out": 0.0}
+    refused = {
+        f"refused_{reason}": metrics.refused_updates.labels(task=server.task, reason=reason)
+        for reason in policy.REFUSALS
+    }  # labelled now, so that each reads 0 until its first refusal
+    seen = dict.fromkeys(["bytes_in", "bytes_out", *refused], 0.0)
 
     def refresh() -> None:
         while not server.stopped.wait(1.0):
@@ -305,6 +311,7 @@ def _refresh_metrics(server: PsServer, metrics: Metrics) -> None:
             for key, counter in (
                 ("bytes_in", metrics.bytes_pushed),
                 ("bytes_out", metrics.bytes_pulled),
+                *refused.items(),
             ):
                 counter.inc(counters.get(key, 0.0) - seen[key])
                 seen[key] = counters.get(key, 0.0)

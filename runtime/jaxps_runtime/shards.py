@@ -14,6 +14,10 @@ Thread-safety contract (every method may be called from any of grpc's threads at
 - Every write of (value, optimizer state) runs on one applier thread, in submission order, so
   no read-modify-write ever races. A push handler goes on receiving the next shard's chunks
   while the applier updates the previous one (jax releases the GIL while it computes).
+- Nothing non-finite is stored: an update whose new value of a shard has a NaN or an inf (an
+  optimizer step that overflowed) is refused by the applier and the shard keeps its value and
+  optimizer state (`policy.NONFINITE_UPDATE`); the servicer refuses non-finite gradients before
+  it queues anything (`finite`, `policy.NONFINITE_GRADIENT`).
 - `_changed` (a Condition on `_lock`) is notified on every step or state change; reads that
   wait for a minimum step sleep on it. Policies take `lock` for their own state too (it is
   re-entrant, so they may call `count_push` holding it); a policy's own lock, when it has
@@ -23,6 +27,7 @@ Errors are `PsError`s carrying the gRPC status code the servicer answers with.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
@@ -30,10 +35,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
@@ -43,9 +49,10 @@ from jaxps_runtime.config import OptimizerConfig
 from jaxps_runtime.mode_async import Async
 from jaxps_runtime.mode_bounded import Bounded
 from jaxps_runtime.mode_sync import Sync
-from jaxps_runtime.policy import Mode, Policy, PsError
+from jaxps_runtime.policy import NONFINITE_UPDATE, Mode, Policy, PsError
 from jaxps_runtime.streams import Spec
 
+log = logging.getLogger(__name__)
 STATE_NAMES = {v: k for k, v in ps_pb2.PsState.items()}
 POLICIES: dict[int, type[Async] | type[Sync]] = {
     ps_pb2.ASYNC: Async,
@@ -54,6 +61,35 @@ POLICIES: dict[int, type[Async] | type[Sync]] = {
 }
 _REMEMBERED_PUSHES = 4096
 _SPARE_BUFFERS = 2
+
+
+def finite(array: np.ndarray) -> bool:
+    """Whether every element of `array` is finite (integers always are).
+
+    For numpy's own floats, min and max: both propagate a NaN and one of them meets any inf,
+    and they read the array once without writing a boolean array as `isfinite` does (about
+    0.5 ms for the 17 MB of the dense mlp's gradients, against 0.7)."""
+    if array.dtype.kind in "iub" or array.size == 0:
+        return True
+    if array.dtype.kind == "f":
+        return bool(np.isfinite(array.min()) and np.isfinite(array.max()))
+    return bool(np.isfinite(array).all())  # bfloat16 and other ml_dtypes
+
+
+class _Updates(NamedTuple):
+    """An optimizer's jitted updates: `applier`'s, and its dense update with whether the new
+    value is all finite (one jitted call: XLA fuses the check into the update's loop)."""
+
+    applier: optim.Applier
+    dense: Callable[[Any, Any, Any], tuple[Any, Any, Any]]
+
+    @classmethod
+    def of(cls, applier: optim.Applier) -> _Updates:
+        def dense(param: Any, state: Any, grad: Any) -> tuple[Any, Any, Any]:
+            value, state = applier.dense(param, state, grad)
+            return value, state, jnp.isfinite(value).all()
+
+        return cls(applier, jax.jit(dense))
 
 
 @dataclass
@@ -137,7 +173,8 @@ class ParameterStore:
         self._tensors: dict[str, Held] = {}
         self._optimizer: OptimizerConfig | None = None
         self._applier: optim.Applier | None = None
-        self._appliers: dict[str, optim.Applier] = {}  # by optimizer JSON: re-init reuses jits
+        self._updates: _Updates | None = None
+        self._appliers: dict[str, _Updates] = {}  # by optimizer JSON: re-init reuses jits
         # push_id -> shards it updated; `_finished` holds the ids whose push has counted a step.
         self._pushes: OrderedDict[str, set[str]] = OrderedDict()
         self._finished: set[str] = set()
@@ -268,9 +305,9 @@ class ParameterStore:
             dup = next(n for n in names if names.count(n) > 1)
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT, f"Init.tensors: {dup!r} twice")
         key = optimizer.to_json()
-        applier = self._appliers.get(key)
-        if applier is None:
-            applier = self._appliers[key] = optim.Applier(optim.build(optimizer))
+        updates = self._appliers.get(key)
+        if updates is None:
+            updates = self._appliers[key] = _Updates.of(optim.Applier(optim.build(optimizer)))
 
         mode = mode or Mode()
         policy = POLICIES[mode.kind](self, mode, workers)
@@ -281,7 +318,7 @@ class ParameterStore:
                 self._mode, self._policy = mode, policy
                 self._cursors = {}
                 self._tensors = {s.name: Held(s) for s in specs}
-                self._optimizer, self._applier = optimizer, applier
+                self._optimizer, self._applier, self._updates = optimizer, updates.applier, updates
                 self._epoch, self._step = epoch, step
                 self._pushes.clear()
                 self._finished.clear()
@@ -326,45 +363,74 @@ class ParameterStore:
         with self._lock:
             return set(self._pushes.get(push_id, ())) if push_id else set()
 
-    def apply_dense(self, held: Held, grad: np.ndarray, *, push_id: str) -> Future[None]:
-        """Queues the optimizer update of one shard with one gradient."""
+    def apply_dense(
+        self, held: Held, grad: np.ndarray, *, push_id: str, who: str = "an update"
+    ) -> Future[None]:
+        """Queues the optimizer update of one shard with one gradient (`who`: whose update it
+        is, for the refusal's message). The future raises a `NONFINITE_UPDATE` PsError, and
+        nothing changes, if the new value is not finite."""
         # numpy goes straight into the jitted update: jit transfers it far faster than jnp.asarray.
         return self._submit(
-            held, push_id, lambda a, v, s: a.dense(v, s, grad), done=lambda: held.recycle(grad)
+            held,
+            push_id,
+            lambda u, v, s: u.dense(v, s, grad),
+            who=who,
+            done=lambda: held.recycle(grad),
         )
 
     def apply_sparse(
-        self, held: Held, ids: np.ndarray, grads: np.ndarray, *, push_id: str
+        self,
+        held: Held,
+        ids: np.ndarray,
+        grads: np.ndarray,
+        *,
+        push_id: str,
+        who: str = "an update",
     ) -> Future[None]:
         """Queues the in-place update of rows `ids` of one shard; duplicate ids are summed
-        first. The first one turns the shard into a host array (one copy)."""
+        first. The first one turns the shard into a host array (one copy). New rows that are
+        not finite are not written (as `apply_dense`)."""
         unique, summed = optim.sum_duplicate_rows(ids, grads)
 
-        def update(applier: optim.Applier, value: Any, state: Any) -> tuple[np.ndarray, Any]:
+        def update(updates: _Updates, value: Any, state: Any) -> tuple[np.ndarray, Any, bool]:
+            applier = updates.applier
             if not isinstance(value, np.ndarray):
                 value, state = optim.host_copy(value, state)
             # Only this thread writes: reading the rows needs no lock, writing them does.
             new_rows, new_state = applier.sparse_rows(value, state, unique, summed)
+            if not finite(new_rows):
+                return value, state, False
             with self._lock:
-                return value, applier.scatter(value, state, unique, new_rows, new_state)
+                return value, applier.scatter(value, state, unique, new_rows, new_state), True
 
-        return self._submit(held, push_id, update)
+        return self._submit(held, push_id, update, who=who)
 
     def _submit(
         self,
         held: Held,
         push_id: str,
-        update: Callable[[optim.Applier, Any, Any], tuple[Any, Any]],
+        update: Callable[[_Updates, Any, Any], tuple[Any, Any, Any]],
+        *,
+        who: str,
         done: Callable[[], None] | None = None,
     ) -> Future[None]:
         def run() -> None:
-            applier = self._applier
-            if held.value is None or applier is None:
+            updates = self._updates
+            if held.value is None or updates is None:
                 return
             started = time.perf_counter()
-            value, state = update(applier, held.value, held.opt_state)
+            value, state, ok = update(updates, held.value, held.opt_state)
             if isinstance(value, jax.Array):
                 value.block_until_ready()
+            if not bool(ok):
+                name = held.spec.name
+                raise PsError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"Update: the update is not finite: the optimizer's step on {name!r} "
+                    f"({who}) gives NaN or inf; {self.task} keeps {name!r} and its optimizer "
+                    "state as they were (is the learning rate too large?)",
+                    reason=NONFINITE_UPDATE,
+                )
             with self._lock:
                 held.value, held.opt_state = value, state
                 if push_id:
@@ -374,6 +440,26 @@ class ParameterStore:
                 done()
 
         return self._executor.submit(run)
+
+    def settle(self, pending: Iterable[Future[None]]) -> None:
+        """Waits for every queued update of one push (or step); then raises the first error,
+        a refused non-finite update counted once."""
+        first: BaseException | None = None
+        for future in pending:
+            try:
+                future.result()
+            except BaseException as err:  # raised below, once the others are done
+                first = first or err
+        if first is None:
+            return
+        if isinstance(first, PsError) and first.reason == NONFINITE_UPDATE:
+            self.refused(NONFINITE_UPDATE)
+            log.warning("%s: %s", self.task, first.message)
+        raise first
+
+    def refused(self, reason: str) -> None:
+        """Counts one update refused for `reason` (one of `policy.REFUSALS`)."""
+        self.counters.add(f"refused_{reason}")
 
     def count_push(self, push_id: str, cursors: Mapping[str, int]) -> tuple[bool, int]:
         """Counts one push (or, in sync mode, a step's pushes, with no push_id) whose updates

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -12,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from jaxps.v1 import parameter_server_pb2, parameter_server_pb2_grpc, tensor_pb2
-from jaxps_runtime import catalog, codec, config, launch, placement, rpc, streams
+from jaxps_runtime import catalog, cluster, codec, config, launch, placement, rpc, streams
 from jaxps_runtime.client import PsClient, PsClientError, PsRestartedError
 from jaxps_runtime.policy import Mode
 
@@ -556,3 +560,188 @@ def test_bounded_staleness_holds_back_a_worker_too_far_ahead(two_ps: launch.Loca
     assert result["step"] == 3
     for c in (fast, slow, chief):
         c.close()
+
+
+# --- non-finite gradients and updates -----------------------------------------------------
+
+
+def _framed_client(chief: PsClient, framing: str, task: str = "worker-0") -> PsClient:
+    """A client of `chief`'s job whose data calls go packed, streamed (64-byte chunks, so a
+    shard's update could start before the next shard's bytes are in) or on the bulk path."""
+    client = PsClient(
+        addresses=chief.addresses,
+        placement=chief.placement,
+        job_id=JOB_ID,
+        task=task,
+        chunk_bytes=64 if framing == "streamed" else streams.CHUNK_BYTES,
+        use_bulk=framing == "bulk",
+    )
+    client.epoch = chief.epoch
+    return client
+
+
+def _refused_count(client: PsClient, reason: str) -> float:
+    return sum(r.counters.get(f"refused_{reason}", 0) for r in client.statuses())
+
+
+@pytest.mark.parametrize("framing", ["packed", "streamed", "bulk"])
+def test_a_nan_gradient_is_refused_and_nothing_of_its_update_is_applied(
+    two_ps: launch.LocalPs, framing: str
+) -> None:
+    tree = {"w": np.arange(600, dtype=np.float32), "b": np.zeros(3, np.float32)}
+    chief, params = _init(two_ps, tree, min_shard_bytes=8)
+    bad_ps = max((0, 1), key=lambda ps: len(chief.placement.shards_on(ps)))
+    on_bad_ps = chief.placement.shards_on(bad_ps)
+    assert len(on_bad_ps) >= 2  # a finite shard comes before the one with the NaN
+    last = on_bad_ps[-1]
+    worker = _framed_client(chief, framing)
+    before = _refused_count(chief, "nonfinite_gradient")
+    grads = {n: np.ones(np.shape(v), np.float32) for n, v in params.items()}
+    grads[last.variable.name][last.start if last.variable.shape else ...] = np.nan
+    with pytest.raises(PsClientError) as caught:
+        worker.update(grads, step=0)
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.ps == bad_ps
+    for part in (last.name, "step 0", "worker-0", "not finite"):
+        assert part in caught.value.details, part
+    assert chief.status(bad_ps).step == 0
+    _, pulled = chief.read()
+    for shard in on_bad_ps:  # the whole update changed nothing on that ps
+        rows = slice(shard.start, shard.stop) if shard.variable.shape else ...
+        value = pulled[shard.variable.name][rows]
+        assert np.array_equal(value, np.asarray(params[shard.variable.name])[rows]), shard.name
+    assert _refused_count(chief, "nonfinite_gradient") == before + 1
+    # the other ps's answer came on the bulk path (a refusal is not counted as answered)
+    assert worker.bulk_calls == (1 if framing == "bulk" else 0)
+    worker.close()
+    chief.close()
+
+
+def test_nan_gradient_rows_refuse_the_dense_gradients_pushed_with_them(
+    two_ps: launch.LocalPs,
+) -> None:
+    tree = {
+        "big": np.zeros(5000, np.float32),  # greedy by bytes: big, then e and w on the other ps
+        "e": np.zeros((1000, 4), np.float32),
+        "w": np.zeros(4, np.float32),
+    }
+    client, _ = _init(two_ps, tree)
+    ps = client.placement.shards_of("['e']")[0].ps
+    assert client.placement.shards_of("['w']")[0].ps == ps
+    rows = np.ones((2, 4), np.float32)
+    rows[1, 3] = np.inf
+    with pytest.raises(PsClientError) as caught:
+        client.update(
+            {"['w']": np.ones(4, np.float32)},
+            variables=["['w']"],
+            rows={"['e']": (np.array([5, 6]), rows)},
+            step=0,
+        )
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.ps == ps
+    assert "gradient rows of" in caught.value.details
+    assert "not finite" in caught.value.details
+    assert client.status(ps).step == 0
+    _, pulled = client.read()
+    assert not pulled["['e']"].any()
+    assert not pulled["['w']"].any()  # the dense gradient before the rows was not applied
+    client.close()
+
+
+@pytest.mark.parametrize("framing", ["packed", "bulk"])
+def test_an_update_that_overflows_is_refused_and_the_parameters_keep_their_values(
+    two_ps: launch.LocalPs, framing: str
+) -> None:
+    rng = np.random.default_rng(3)
+    huge = config.OptimizerConfig("sgd", {"learning_rate": 1e30})
+    chief, params = _init(two_ps, _model(rng), huge, min_shard_bytes=64 << 10)
+    worker = _framed_client(chief, framing)
+    before = _refused_count(chief, "nonfinite_update")
+    grads = {n: np.full(np.shape(v), 1e10, np.float32) for n, v in params.items()}  # finite
+    with pytest.raises(PsClientError) as caught:
+        worker.update(grads, step=0)
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "the update is not finite" in caught.value.details
+    assert any(repr(s.name) in caught.value.details for s in chief.placement.shards)
+    step, pulled = chief.read()
+    assert step == 0
+    for name, value in params.items():
+        assert np.array_equal(pulled[name], value), name
+    assert _refused_count(chief, "nonfinite_update") == before + 2  # one on each ps
+    # the same optimizer goes on with gradients it can take
+    small = {n: np.zeros(np.shape(v), np.float32) for n, v in params.items()}
+    assert worker.update(small, step=0)[0] == 1
+    worker.close()
+    chief.close()
+
+
+def test_sync_mode_leaves_a_refused_gradient_out_of_the_step(two_ps: launch.LocalPs) -> None:
+    tree = {"v": np.zeros(8, np.float32), "w": np.zeros(8, np.float32)}  # one on each ps
+    chief = _mode_init(two_ps, tree, Mode(kind=parameter_server_pb2.SYNC), ["w-0", "w-1"])
+    assert {s.ps for s in chief.placement.shards} == {0, 1}
+    a, b = _worker(chief, "w-0"), _worker(chief, "w-1")
+
+    def grads(value: float) -> dict[str, np.ndarray]:
+        return {"['v']": np.full(8, value, np.float32), "['w']": np.full(8, value, np.float32)}
+
+    with pytest.raises(PsClientError) as caught:
+        a.update(grads(np.nan), step=0)
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert [chief.status(ps).awaiting for ps in (0, 1)] == [2, 2]  # the NaN counted nowhere
+    assert [r.step for r in b.update(grads(4.0), step=0)[2]] == [0, 0]
+    assert [r.step for r in a.update(grads(2.0), step=0)[2]] == [1, 1]
+    step, pulled = chief.read(min_step=1)
+    assert step == 1
+    for value in pulled.values():
+        assert np.all(value == -3.0)  # the mean of the two finite gradients
+    for c in (a, b, chief):
+        c.close()
+
+
+def _metric_lines(port: int, name: str) -> dict[str, float]:
+    """The samples of one metric on a task's /metrics, by their label text."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return {
+        line[len(name) : line.rindex(" ")]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{")
+    }
+
+
+def test_refused_updates_are_counted_by_reason_on_the_ps_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = cluster.free_ports(1)[0]
+    monkeypatch.setenv("JAXPS_METRICS_PORT", str(port))
+    ps = launch.LocalPs.start(1, job_id=JOB_ID, log_dir=tmp_path)
+    name = "jaxps_ps_refused_updates_total"
+    gradient = '{reason="nonfinite_gradient",task="ps-0"}'
+    update = '{reason="nonfinite_update",task="ps-0"}'
+
+    def counted(want: dict[str, float]) -> bool:
+        got = _metric_lines(port, name)
+        return all(got.get(k) == v for k, v in want.items())
+
+    try:
+        client, _ = _init(ps, {"w": np.zeros(4, np.float32)}, SGD_1)
+        _wait_until(lambda: counted({gradient: 0, update: 0}), what="both reasons at 0")
+        with pytest.raises(PsClientError):
+            client.update({"['w']": np.array([1, np.inf, 1, 1], np.float32)}, step=0)
+        _wait_until(lambda: counted({gradient: 1, update: 0}), what="one nonfinite_gradient")
+        client.close()
+        huge = config.OptimizerConfig("sgd", {"learning_rate": 1e30})
+        client, _ = _init(ps, {"w": np.zeros(4, np.float32)}, huge)
+        with pytest.raises(PsClientError):
+            client.update({"['w']": np.full(4, 1e10, np.float32)}, step=0)
+        _wait_until(lambda: counted({gradient: 1, update: 1}), what="one nonfinite_update")
+        client.close()
+    finally:
+        ps.stop()
+
+
+def _wait_until(condition: Callable[[], bool], *, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
