@@ -6,10 +6,17 @@ what is allowed (`training.steps: got 0; expected an integer >= 1`). Pure and th
 
 No JAX, optax or numpy (an import-linter contract and a unit test keep it so): the operator
 checks a manifest with this module, and the runtime checks it again at start with the same code.
-What only JAX can judge (a user model's import, the values optax accepts) is checked at task
-start (`roles`); a task that finds its configuration invalid there exits
-`EXIT_INVALID_TRAINING`. `parse` raises on the first problem; `problems` lists them all, and so
-does the `problems` of the error `parse` raises.
+What only JAX can judge (a user model's import, what the installed optax refuses beyond the
+types and ranges of `catalog`'s table) is checked at task start (`roles`); a task that finds
+its configuration invalid there exits `EXIT_INVALID_TRAINING`. `parse` raises on the first
+problem; `problems` lists them all, and so does the `problems` of the error `parse` raises.
+
+Cross-field rules, each skipped when a field it compares was refused: a built-in model and a
+built-in dataset must fit (`_fit_problems`: the batch key, the width, the labels, embedding
+rows for every id), `onDivergence: rollback` needs `checkpoint.dir`; and with the job's tasks
+(`Replicas`: a manifest's replicaSpecs, or a task's TF_CONFIG), `replica_problems`: at least
+one ps, `replicasToAggregate` at most the workers, a built-in dataset's examples at least the
+workers.
 
 `tensorboard: {dir, flushSeconds}` (optional; no field, no event files): the chief writes its
 training scalars under `dir/train` and the evaluator its metrics under `dir/eval`
