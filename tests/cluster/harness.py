@@ -335,10 +335,9 @@ class Jobs:
         ready: bool = True,
         pod_ip: str | None = None,
         message: str | None = None,
-        conditions: list[dict[str, Any]] | None = None,
     ) -> None:
         """What a kubelet would write: the phase, the container's state (with its termination
-        `message`), the Ready condition; and the scheduler's `conditions` (PodScheduled)."""
+        `message`), the Ready condition."""
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         if phase == "Running":
             state: dict[str, Any] = {"running": {"startedAt": now}}
@@ -360,7 +359,6 @@ class Jobs:
             "phase": phase,
             "conditions": [
                 {"type": "Ready", "status": "True" if running else "False"},
-                *(conditions or []),
             ],
             "containerStatuses": [
                 {
