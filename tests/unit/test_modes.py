@@ -1,18 +1,20 @@
 """The training modes' policies, driven directly on a store (no gRPC): what each admits,
-refuses, counts and holds back."""
+refuses, counts and holds back; and what a ps refuses to store."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
 
+import jax
 import numpy as np
 import pytest
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
+from jaxps_runtime import streams
 from jaxps_runtime.config import OptimizerConfig
-from jaxps_runtime.policy import Mode, Push
-from jaxps_runtime.shards import Held, ParameterStore
+from jaxps_runtime.policy import NONFINITE_UPDATE, Mode, PsError, Push
+from jaxps_runtime.shards import Held, ParameterStore, finite
 from jaxps_runtime.streams import Spec
 
 SPEC = Spec("w", (4,), np.dtype(np.float32))
@@ -143,3 +145,90 @@ def test_sync_with_replicas_to_aggregate_counts_the_first_gradients_only(
     assert not late.accepted  # a backup worker's gradient
     assert "stale" in late.reason
     assert np.array_equal(_value(store), np.full(4, -2, np.float32))
+
+
+# --- nothing non-finite is stored -------------------------------------------------------------
+
+HUGE = OptimizerConfig("sgd", {"learning_rate": 1e30})  # 1e30 * 1e10 overflows float32
+
+
+def _init_with(store: ParameterStore, optimizer: OptimizerConfig, mode: Mode) -> None:
+    store.init(epoch=1, specs=[SPEC], optimizer=optimizer, step=0, mode=mode, workers=WORKERS)
+    store.assign("w", np.zeros(4, np.float32)).result()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "minus-inf"])
+def test_finite_finds_a_nan_or_an_inf_anywhere(dtype: str, bad: float) -> None:
+    array = np.ones((3, 5), streams.dtype_of(dtype))
+    assert finite(array)
+    array[2, 4] = bad
+    assert not finite(array)
+
+
+def test_integers_and_empty_arrays_are_finite() -> None:
+    assert finite(np.arange(5, dtype=np.int64))
+    assert finite(np.zeros((0, 3), np.float32))
+
+
+def test_an_update_that_is_not_finite_leaves_the_shard_and_its_state_as_they_were(
+    store: ParameterStore,
+) -> None:
+    momentum = OptimizerConfig("sgd", {"learning_rate": 1e30, "momentum": 0.9})
+    _init_with(store, momentum, Mode(kind=ps_pb2.ASYNC))
+    before = store.snapshot_at(0, is_active=lambda: True)
+    held = store.held("w", where="test")
+    with pytest.raises(PsError) as caught:
+        store.apply_dense(held, np.full(4, 1e10, np.float32), push_id="p", who="by w-0").result()
+    assert caught.value.reason == NONFINITE_UPDATE
+    assert "the update is not finite" in caught.value.message
+    assert "'w'" in caught.value.message
+    assert "by w-0" in caught.value.message
+    after = store.snapshot_at(0, is_active=lambda: True)
+    assert np.array_equal(after.values["w"], before.values["w"])
+    for old, new in zip(
+        jax.tree_util.tree_leaves(before.states["w"]),
+        jax.tree_util.tree_leaves(after.states["w"]),
+        strict=True,
+    ):
+        assert np.array_equal(old, new)
+    assert store.already_applied("p") == set()  # a retry would try the shard again
+
+
+def test_gradient_rows_whose_update_is_not_finite_are_not_written(store: ParameterStore) -> None:
+    _init_with(store, HUGE, Mode(kind=ps_pb2.ASYNC))
+    held = store.held("w", where="test")
+    with pytest.raises(PsError) as caught:
+        store.apply_sparse(
+            held, np.array([1]), np.full((1,), 1e10, np.float32), push_id=""
+        ).result()
+    assert caught.value.reason == NONFINITE_UPDATE
+    assert np.array_equal(_value(store), np.zeros(4, np.float32))
+
+
+def test_sync_opens_the_next_step_when_the_update_of_its_mean_is_refused(
+    store: ParameterStore,
+) -> None:
+    _init_with(store, HUGE, Mode(kind=ps_pb2.SYNC))
+    policy = store.policy
+    policy.count(Push("a", 0, "worker-0", 1, _dense(store, 1e10)))
+    store.settle([])  # nothing pending: no error
+    with pytest.raises(PsError) as caught:
+        policy.count(Push("b", 0, "worker-1", 1, _dense(store, 1e10)))
+    assert caught.value.reason == NONFINITE_UPDATE
+    assert "the mean of step 0 from worker-0, worker-1" in caught.value.message
+    assert store.step == 1  # the step is not held shut
+    assert np.array_equal(_value(store), np.zeros(4, np.float32))
+    assert store.counters.snapshot()["refused_nonfinite_update"] == 1
+    policy.count(Push("c", 1, "worker-0", 2, _dense(store, 0)))
+    assert policy.count(Push("d", 1, "worker-1", 2, _dense(store, 0))).step == 2
+
+
+def test_sync_dropping_a_worker_applies_the_step_even_when_its_update_is_refused(
+    store: ParameterStore,
+) -> None:
+    _init_with(store, HUGE, Mode(kind=ps_pb2.SYNC))
+    store.policy.count(Push("a", 0, "worker-0", 1, _dense(store, 1e10)))
+    store.policy.set_workers(["worker-0"])  # the refusal is logged, not raised to the chief
+    assert store.step == 1
+    assert np.array_equal(_value(store), np.zeros(4, np.float32))
