@@ -89,6 +89,7 @@ class Checkpointer:
         self.every_seconds = config.everySeconds or (None if config.everySteps else 600.0)
         self.last_step: int | None = None
         self._thread: threading.Thread | None = None
+        self._stop: stopping.Stop | None = None
 
     @property
     def busy(self) -> bool:
@@ -105,8 +106,13 @@ class Checkpointer:
         )
 
     def start(self, *, step: int, epoch: int, incarnations: list[int]) -> None:
+        # Its own stop, set by the task's or by `abandon`: a Save waiting for a step that
+        # never comes would otherwise hold the process at exit (its pool's threads are joined).
+        stop = self._stop = stopping.Stop()
+        unlink = self.task.stop.callback(stop.request)
+
         def run() -> None:
-            client = self.task.ps_client()
+            client = self.task.ps_client(stop=stop)
             client.epoch, client.incarnations = epoch, list(incarnations)
             try:
                 self.save(client, step=step, epoch=epoch)
@@ -116,6 +122,7 @@ class Checkpointer:
                 log.info("checkpoint of step %d not committed: %s", step, stopped)
             finally:
                 client.close()
+                unlink()
 
         self._thread = threading.Thread(target=run, name="checkpoint", daemon=True)
         self._thread.start()
@@ -123,6 +130,12 @@ class Checkpointer:
     def wait(self) -> None:
         if self._thread is not None:
             self._thread.join()
+
+    def abandon(self) -> None:
+        """Ends the periodic checkpoint in flight, uncommitted (the chief is going)."""
+        if self.busy and self._stop is not None:
+            self._stop.request()
+            self.wait()
 
     def save(self, client: PsClient, *, step: int, epoch: int) -> None:
         assert self.root is not None
@@ -227,6 +240,7 @@ class Chief:
             return 0
         finally:
             self.task.metrics.training.set(0)
+            self.checkpointer.abandon()
             if worker_thread is not None and self.task.stop.is_set:
                 worker_thread.join(timeout=stopping.PUSH_GRACE_SECONDS + 1)
             self.task.metrics.ready.clear()
@@ -240,6 +254,8 @@ class Chief:
             Worker(self.task).run()
         except stopping.Stopped:
             pass
+        except outcome.JobFailure as err:
+            self._worker_error = err  # the chief reports it
         except BaseException as err:
             log.exception("worker-0 failed")
             self._worker_error = err

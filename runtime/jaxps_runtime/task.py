@@ -106,13 +106,14 @@ class Task:
             params = self.model.init(jax.random.PRNGKey(self.training.seed))
         return {n: np.asarray(v) for n, v in placement.named_leaves(params)[1].items()}
 
-    def ps_client(self) -> PsClient:
+    def ps_client(self, *, stop: stopping.Stop | None = None) -> PsClient:
+        """A client of the ps tier whose calls end when `stop` (default: the task's) is set."""
         return PsClient(
             addresses=self.spec.cluster.addresses(cluster.PS),
             placement=self.placement,
             job_id=self.job_id,
             task=self.name,
-            stop=self.stop,
+            stop=stop or self.stop,
             credentials=self.credentials,
             use_bulk=cluster.bulk_on(os.environ),
         )

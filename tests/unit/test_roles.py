@@ -50,13 +50,10 @@ def test_every_problem_of_the_configuration_is_one_line_of_the_termination_log(
 def test_what_only_jax_finds_is_reported_at_start_too(termination_log: Path) -> None:
     training = {
         "model": {"name": "q", "module": "no_such_pkg.models:make"},
-        "dataset": {"name": "synthetic"},
-        "optimizer": {"name": "lbfgs", "kwargs": {"learning_rate": 0.1, "memory_size": 0}},
+        "dataset": {"module": "no_such_pkg.data:make"},
     }
     assert _start(json.dumps(training)) == config.EXIT_INVALID_TRAINING
     lines = termination_log.read_text().splitlines()
-    assert lines[0] == (
-        "JAXPS_TRAINING.optimizer.kwargs: optax.lbfgs refused them: memory_size must be >= 1"
-    )
-    assert lines[1].startswith("model.module: 'no_such_pkg.models:make': cannot import")
+    assert lines[0].startswith("model.module: 'no_such_pkg.models:make': cannot import")
+    assert lines[1].startswith("dataset.module: 'no_such_pkg.data:make': cannot import")
     assert len(lines) == 2
