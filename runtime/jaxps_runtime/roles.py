@@ -163,7 +163,7 @@ def _final(failure: outcome.JobFailure) -> int:
     """Ends the task with a cause that ends its job (`outcome`): logged, in the termination
     log for the control plane, and its exit code (`config.FINAL_EXITS`)."""
     log.error("%s: %s", failure.reason, failure.message, exc_info=failure.__cause__ is not None)
-    termination.write([f"{failure.reason}: {failure.message}"])
+    termination.write([failure.message])
     return failure.exit_code
 
 
