@@ -1,0 +1,381 @@
+"""A job's outcome is the truth (issue 31), with real `jaxps local` jobs.
+
+Each test runs a whole TrainingJob through `jaxps local --json` (the operator's own reconcile
+pass over local processes) and reads its final status: a user's code raising ends it
+UserCodeError, a diverging one Diverged (or rolls back and goes on), a step that stands still
+Stalled; and a task SIGKILLed (`--kill TASK@step=N`) in any phase, the last one included,
+still ends Succeeded with the exported parameters on disk.
+
+The faults come from a user model and dataset that misbehave on demand
+(`outcome_user/faulty.py`, on the tasks' PYTHONPATH as a user's own module would be).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from jaxps_runtime import launch, shardfile
+from tests.process.outcome_user import faulty
+
+pytestmark = pytest.mark.process
+ROOT = Path(__file__).resolve().parents[2]
+USER = Path(faulty.__file__).resolve().parent
+FAULTY_FILE = Path(faulty.__file__).resolve()
+RUN_TIMEOUT = 400  # seconds for one `jaxps local`; every job here ends far sooner
+
+
+@dataclass(frozen=True)
+class Run:
+    """One finished `jaxps local`: its exit code, final status and work directory."""
+
+    code: int
+    status: dict[str, Any]
+    workdir: Path
+    seconds: float  # wall time of the whole `jaxps local`, process starts included
+    stderr: str
+
+    def log(self, task: str) -> str:
+        """Every start of the task's pod, in one file (a replaced pod appends)."""
+        [path] = self.workdir.glob(f"*-{task}.log")
+        return path.read_text(errors="replace")
+
+    def logs(self) -> str:
+        """What a failed assertion shows: the progress output and each task's log tail."""
+        tails = "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
+            for p in sorted(self.workdir.glob("*.log"))
+        )
+        return f"status: {json.dumps(self.status, indent=1)}\n{self.stderr[-3000:]}\n{tails}"
+
+    def condition(self, kind: str) -> dict[str, Any]:
+        [found] = [c for c in self.status.get("conditions", []) if c["type"] == kind]
+        return found
+
+    def events(self, reason: str) -> list[str]:
+        lines = (self.workdir / "events.jsonl").read_text().splitlines()
+        return [e["message"] for e in map(json.loads, lines) if e["reason"] == reason]
+
+    def summary(self, chief: str) -> dict[str, Any]:
+        """The chief's last JSON summary (its last start's), from its log."""
+        done = [line for line in self.log(chief).splitlines() if line.startswith('{"event": "done"')]
+        assert done, self.logs()
+        summary: dict[str, Any] = json.loads(done[-1])
+        return summary
+
+    def job_seconds(self) -> float:
+        """From the job's start to its end, as its status says (whole seconds)."""
+        start, end = (
+            datetime.fromisoformat(self.status[k].replace("Z", "+00:00"))
+            for k in ("startTime", "completionTime")
+        )
+        return (end - start).total_seconds()
+
+
+def jaxps_local(tmp_path: Path, manifest: dict[str, Any] | str, *kills: str) -> Run:
+    """Runs the manifest (a dict, or YAML text as a user writes it) to its end."""
+    path = tmp_path / "job.yaml"
+    path.write_text(manifest if isinstance(manifest, str) else yaml.safe_dump(manifest))
+    workdir = tmp_path / "work"
+    extra = [arg for kill in kills for arg in ("--kill", kill)]
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "jaxps_operator", "local", str(path), "--json"]
+        + ["--workdir", str(workdir), *extra],
+        env=launch.runtime_env(
+            {"PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(USER)])}
+        ),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
+    seconds = time.monotonic() - started
+    status = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
+    return Run(done.returncode, status, workdir, seconds, done.stderr)
+
+
+def faulty_job(
+    name: str,
+    *,
+    model: dict[str, Any] | None = None,
+    dataset: dict[str, Any] | None = None,
+    chief: bool = False,
+    ps: int = 1,
+    env: dict[str, dict[str, str]] | None = None,
+    **training: Any,
+) -> dict[str, Any]:
+    """A small job on the faulty model and dataset: sync, 40 steps of 16 examples; `model` and
+    `dataset` are their kwargs, `training` overrides spec.training, `env` a role's variables."""
+    replicas: dict[str, Any] = {"ps": {"replicas": ps}, "worker": {"replicas": 2}}
+    if chief:
+        replicas["chief"] = {"replicas": 1}
+    for role, variables in (env or {}).items():
+        replicas[role]["template"] = {
+            "spec": {
+                "containers": [
+                    {"name": "jaxps", "env": [{"name": k, "value": v} for k, v in variables.items()]}
+                ]
+            }
+        }
+    return {
+        "apiVersion": "jaxps.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicaSpecs": replicas,
+            "training": {
+                "model": {"name": "faulty", "module": "faulty:make_model", "kwargs": model or {}},
+                "dataset": {"module": "faulty:make_dataset", "kwargs": dataset or {}},
+                "mode": "sync",
+                "steps": 40,
+                "batchSize": 16,
+                "optimizer": {"name": "sgd", "kwargs": {"learning_rate": 0.1}},
+                "heartbeatSeconds": 0.25,
+                "logEverySeconds": 1,
+                **training,
+            },
+        },
+    }
+
+
+def _failed(run: Run, reason: str) -> str:
+    """The Failed condition's message, once the job failed with `reason` (exit 1)."""
+    assert run.code == 1, run.logs()
+    assert run.status["state"] == "Failed", run.logs()
+    failed = run.condition("Failed")
+    assert failed["reason"] == reason, run.logs()
+    message: str = failed["message"]
+    return message
+
+
+# --- UserCodeError ----------------------------------------------------------------------------
+
+
+def test_a_dataset_raising_on_a_worker_fails_the_job_naming_the_users_file_and_line(
+    tmp_path: Path,
+) -> None:
+    run = jaxps_local(
+        tmp_path, faulty_job("raising-data", dataset={"worker": 1, "raiseAt": 3})
+    )
+    message = _failed(run, "UserCodeError")
+    assert message.startswith("worker 1 (pod raising-data-worker-1) failed in the user's code"), (
+        message
+    )
+    assert "(exit code 79)" in message
+    assert "the dataset's train_batch raised LookupError: faulty dataset: no batch 3" in message
+    assert f"{FAULTY_FILE}:{faulty.RAISES_LINE} in train_batch" in message, message
+    assert run.status["restarts"] == 0, run.logs()  # never retried
+
+
+def test_a_model_whose_evaluate_raises_on_the_chief_fails_the_job_at_once(tmp_path: Path) -> None:
+    # The workers drain at the last step and wait for the chief's word for as long as
+    # startupTimeoutSeconds; the job must end on the chief's exit 79, not when they give up.
+    wait = 300
+    run = jaxps_local(
+        tmp_path,
+        faulty_job(
+            "raising-eval", model={"evaluateRaises": True}, chief=True, startupTimeoutSeconds=wait
+        ),
+    )
+    message = _failed(run, "UserCodeError")
+    assert message.startswith("chief 0 (pod raising-eval-chief-0) failed in the user's code"), (
+        message
+    )
+    assert "the model's evaluate raised ArithmeticError: faulty evaluate" in message
+    assert f"{FAULTY_FILE}:{faulty.EVALUATE_RAISES_LINE} in evaluate" in message, message
+    assert run.status["restarts"] == 0, run.logs()
+    assert run.status["replicaStatuses"]["chief"]["restarts"] == 0
+    assert run.job_seconds() < wait / 2, run.logs()
+    for worker in ("worker-0", "worker-1"):
+        assert "the chief has not answered" not in run.log(worker), run.logs()
+
+
+# --- Diverged ---------------------------------------------------------------------------------
+
+# The manifest as a user writes it: YAML 1.1 (PyYAML) reads `1.0e+12` as a number, `1e12` as a
+# string.
+DIVERGING = """\
+apiVersion: jaxps.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: diverging}
+spec:
+  replicaSpecs:
+    ps: {replicas: 1}
+    worker: {replicas: 2}
+  training:
+    model: {name: mlp}
+    dataset: {name: digits}
+    mode: sync
+    steps: 60
+    batchSize: 16
+    optimizer: {name: sgd, kwargs: {learning_rate: 1.0e+12}}
+    logEverySeconds: 1
+"""
+
+
+def test_sgd_with_a_learning_rate_of_1e12_fails_diverged_within_60_seconds(
+    tmp_path: Path,
+) -> None:
+    run = jaxps_local(tmp_path, DIVERGING)
+    message = _failed(run, "Diverged")
+    print(f"Diverged after {run.job_seconds():.0f} s of job, {run.seconds:.1f} s of jaxps local")
+    assert run.job_seconds() < 60, run.logs()
+    # "worker 1 (pod diverging-worker-1) found the training diverged (exit code 80): worker-1:
+    # the loss is nan at global step 3 (batch 3 of its data shard); lower the learning rate..."
+    role, index = message.split(" ", 2)[:2]
+    assert role == "worker" and index in ("0", "1"), message
+    assert f"(exit code 80): worker-{index}: " in message, message
+    assert " at global step " in message and "lower the learning rate" in message, message
+    assert run.status["restarts"] == 0, run.logs()
+
+
+def test_rollbacks_on_divergence_end_diverged_once_max_rollbacks_are_used_up(
+    tmp_path: Path,
+) -> None:
+    job = faulty_job(
+        "rolling",
+        onDivergence="rollback",
+        maxRollbacks=2,
+        checkpoint={"dir": "ckpt", "everySteps": 10},
+        optimizer={"name": "sgd", "kwargs": {"learning_rate": 1.0e12}},
+    )
+    run = jaxps_local(tmp_path, job)
+    message = _failed(run, "Diverged")
+    assert "and training.maxRollbacks (2) rollbacks are used up" in message, message
+    assert " diverged at global step " in message, message
+    chief = run.log("worker-0")
+    assert "rollback 1 of at most 2, skipping that batch" in chief, run.logs()
+    assert "rollback 2 of at most 2, skipping that batch" in chief, run.logs()
+    assert run.status["restarts"] == 0, run.logs()
+
+
+def test_one_bad_batch_is_rolled_back_and_skipped_and_the_job_succeeds(tmp_path: Path) -> None:
+    job = faulty_job(
+        "one-nan",
+        dataset={"worker": 1, "nanAt": 15},
+        onDivergence="rollback",
+        checkpoint={"dir": "ckpt", "everySteps": 10},
+        exportPath="export.npz",
+    )
+    run = jaxps_local(tmp_path, job)
+    assert run.code == 0, run.logs()
+    assert run.status["state"] == "Succeeded", run.logs()
+    chief = run.log("worker-0")
+    assert chief.count("skipping that batch") == 1, run.logs()
+    assert "worker-1 diverged at global step" in chief and "rollback 1 of at most 3" in chief
+    [recovery] = run.summary("worker-0")["recoveries"]
+    assert recovery["reason"].startswith("worker-1 diverged at global step"), recovery
+    assert "the loss is nan" in run.log("worker-1"), run.logs()
+    _assert_finite_export(run)
+
+
+# --- Stalled ----------------------------------------------------------------------------------
+
+
+def test_a_worker_whose_batch_never_comes_stalls_the_job_naming_what_the_others_wait_for(
+    tmp_path: Path,
+) -> None:
+    # The step stands at 5: worker-1's batch 5 never comes, and sync waits for its gradient.
+    # 10 s, not less: the clock runs from the chief's first look at the ps, and a worker still
+    # starting (compiling its step on a loaded machine) must not count as a stall.
+    timeout = 10
+    job = faulty_job("stalling", dataset={"worker": 1, "blockAt": 5}, progressTimeoutSeconds=timeout)
+    run = jaxps_local(tmp_path, job)
+    message = _failed(run, "Stalled")
+    assert message.startswith("worker 0 (pod stalling-worker-0) found the training stalled"), (
+        message
+    )
+    assert f"the global step has not moved from 5 for {timeout}" in message, message
+    assert "worker-0 waits for the other workers' gradients of step 5 (sync Update)" in message
+    assert "worker-1 is not waiting (computing)" in message, message  # inside train_batch
+    assert run.status["restarts"] == 0, run.logs()
+
+
+# --- the kill matrix --------------------------------------------------------------------------
+
+STEPS, EVERY = 60, 20
+# Where the chief's global step is when `--kill` fires (it fires on the first pass of the local
+# loop, every ~0.25 s, that reads the chief at or past that step). The batches take 50 ms each
+# so that the passes land inside each phase: about 20 steps per second.
+PHASES = {
+    "at-start": 1,
+    "mid-training": 30,
+    # A ps writes every checkpoint for 5 s (the save failpoint): the one of step 20 is still
+    # being written when the kill comes.
+    "during-a-checkpoint": EVERY,
+    # The chief's final evaluation is traced for 5 s: the kill comes while the chief finishes
+    # (after its last read of the parameters, before the export and the recorded outcome).
+    # The export itself takes a millisecond: no pass of the loop lands inside it alone.
+    "while-the-chief-finishes": STEPS,
+}
+SLOW_SECONDS = "5"
+
+
+def _matrix_job(phase: str) -> dict[str, Any]:
+    return faulty_job(
+        "killed",
+        model={"evaluateSeconds": float(SLOW_SECONDS)} if phase == "while-the-chief-finishes" else {},
+        dataset={"batchSeconds": 0.05},
+        chief=True,
+        ps=2,
+        env={"ps": {shardfile.FAILPOINT_SAVE_SLEEP: SLOW_SECONDS}}
+        if phase == "during-a-checkpoint"
+        else None,
+        steps=STEPS,
+        checkpoint={"dir": "ckpt", "everySteps": EVERY},
+        workerTimeoutSeconds=10,
+        exportPath="export.npz",
+    )
+
+
+def _assert_finite_export(run: Run) -> dict[str, np.ndarray]:
+    path = run.workdir / "export.npz"
+    assert path.is_file(), run.logs()
+    with np.load(path) as exported:
+        values = {name: exported[name] for name in exported.files}
+    assert sorted(values) == ["['b']", "['w']"], values  # by leaf path, as the runtime names them
+    assert all(np.isfinite(v).all() for v in values.values()), values
+    return values
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+@pytest.mark.parametrize("task", ["ps-0", "worker-1", "chief-0"])
+def test_a_task_killed_in_any_phase_still_succeeds_with_the_export_written(
+    tmp_path: Path, task: str, phase: str
+) -> None:
+    run = jaxps_local(tmp_path, _matrix_job(phase), f"{task}@step={PHASES[phase]}")
+    print(f"{task} killed {phase}: {run.seconds:.1f} s")
+    [killed] = run.events("KilledOnRequest")  # it did fire: a kill never done proves nothing
+    assert killed.startswith(f"--kill: SIGKILL killed-{task} at step "), killed
+    at = int(killed.rsplit(" ", 1)[1])
+    assert run.code == 0, run.logs()
+    assert run.status["state"] == "Succeeded", run.logs()
+    assert run.status["progress"]["step"] == STEPS, run.logs()
+    values = _assert_finite_export(run)
+    summary = run.summary("chief-0")
+    assert summary["step"] == STEPS
+    assert summary["eval"]["loss"] < 0.1, summary  # trained, not just written
+    del values
+    if phase == "during-a-checkpoint" and task == "ps-0":
+        assert f"checkpoint of step {EVERY} not committed" in run.log("chief-0"), run.logs()
+    if phase == "while-the-chief-finishes":
+        assert at == STEPS, killed
+        if task == "ps-0":  # killed before the chief told the ps to shut down
+            assert "could not shut every ps down" in run.log("chief-0"), run.logs()
+        if task == "chief-0":  # the replacement found every ps still at the last step
+            assert summary["startedFrom"] == {"how": "adopted", "step": STEPS}, summary
+    else:
+        assert at < STEPS, killed
+        assert run.status["restarts"] == 1, run.logs()
