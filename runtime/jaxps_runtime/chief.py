@@ -607,11 +607,27 @@ class Chief:
             _export(Path(training.exportPath), named)
         self.task.stop.check()  # stopping: the ps tasks stay up for a replacement chief
         self._summary(step=step, evaluation=evaluation)  # the outcome, recorded
-        self.membership.stop = True
+        self._tell_stop()
         try:
             client.shutdown(reason=f"training done at step {step}")
         except PsClientError as err:  # the outcome is recorded: the control plane cleans up
             log.warning("could not shut every ps down: %s", err)
+
+    def _tell_stop(self) -> None:
+        """Tells the workers, drained and waiting, that the job is over: each heartbeat's
+        reply says stop from now on. Waits (a few heartbeats at most) until every live worker
+        got the word, so none is left waiting for a chief that is gone."""
+        training = self.training
+        self.membership.stop = True
+        deadline = time.monotonic() + max(5.0, 4 * training.heartbeatSeconds)
+        while time.monotonic() < deadline:
+            waiting = self.membership.not_told(
+                now=time.monotonic(), timeout=training.workerTimeoutSeconds
+            )
+            if not waiting:
+                return
+            self.task.stop.sleep(min(0.05, training.heartbeatSeconds))
+        log.warning("%s did not hear that training is over", ", ".join(waiting))
 
     def _summary(self, *, step: int, evaluation: dict[str, float]) -> None:
         first_t, first, last_t, last = SPAN_KEYS

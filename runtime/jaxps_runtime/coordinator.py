@@ -54,6 +54,7 @@ class Membership:
         self.stop = False
         self.step = 0
         self.epoch = 0
+        self._told: set[str] = set()  # tasks a reply has told to stop
 
     def seen(self, request: co_pb2.HeartbeatRequest | co_pb2.RegisterRequest, now: float) -> None:
         task = request.id.task
@@ -99,6 +100,20 @@ class Membership:
             m = self._members.get(task)
             return Member(**vars(m)) if m else None
 
+    def told_stop(self, task: str) -> None:
+        """A reply carried the stop to `task`."""
+        with self._lock:
+            self._told.add(task)
+
+    def not_told(self, *, now: float, timeout: float) -> list[str]:
+        """Live workers (heard from within `timeout`) no reply has told to stop yet."""
+        with self._lock:
+            return [
+                w
+                for w in self.workers
+                if w not in self._told and now - self._members[w].last_seen <= timeout
+            ]
+
     def mean_loss(self) -> float:
         losses = [
             m.loss for m in self.members() if m.task in self.workers and not math.isnan(m.loss)
@@ -143,7 +158,10 @@ class CoordinatorServicer:
     def Heartbeat(self, request: co_pb2.HeartbeatRequest, context: grpc.ServicerContext) -> Any:  # noqa: N802
         _abort_other_job(context, self.membership.job_id, request.id, "Heartbeat")
         self.membership.seen(request, time.monotonic())
-        return self._state()
+        state = self._state()
+        if state.stop:
+            self.membership.told_stop(request.id.task)
+        return state
 
 
 class CoordinatorClient:
