@@ -37,3 +37,24 @@ def test_the_clock_starts_when_the_chief_starts_watching() -> None:
     assert members.live_workers(now=40.0, timeout=5.0) == ["worker-1"]
     members.watching_from(10.0)  # never moves a later sighting back
     assert members.live_workers(now=40.0, timeout=5.0) == ["worker-1"]
+
+
+def test_the_chief_knows_which_live_workers_were_told_to_stop() -> None:
+    members = Membership(job_id="j", workers=["worker-0", "worker-1", "worker-2"], now=0.0)
+    members.seen(_heartbeat("worker-0", done=True), now=1.0)
+    members.seen(_heartbeat("worker-1", done=True), now=1.0)
+    members.told_stop("worker-0")
+    # worker-2 is not heard from within the timeout: dead, nobody waits for its word
+    assert members.not_told(now=7.0, timeout=6.5) == ["worker-1"]
+    members.told_stop("worker-1")
+    assert members.not_told(now=7.0, timeout=6.5) == []
+
+
+def test_a_heartbeat_says_what_the_task_waits_for() -> None:
+    members = Membership(job_id="j", workers=["worker-0"], now=0.0)
+    beat = _heartbeat("worker-0")
+    beat.waiting = "the parameters of step >= 4 from every ps (Read)"
+    members.seen(beat, now=1.0)
+    member = members.member("worker-0")
+    assert member is not None
+    assert member.waiting == beat.waiting

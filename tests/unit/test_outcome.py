@@ -1,0 +1,90 @@
+"""The causes that end a job (`jaxps_runtime.outcome`): what they say and where they point."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jaxps_runtime import config, outcome, stopping
+
+
+@pytest.fixture
+def users_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> object:
+    """A module of the user's own, outside jaxps and site-packages, whose function raises
+    through a standard library call (the innermost frame is the library's, not the user's)."""
+    (tmp_path / "users_model.py").write_text(
+        textwrap.dedent(
+            """\
+            import json
+
+
+            def loss(params, batch):
+                return json.loads(batch)  # line 5: the user's call that raises
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import users_model  # type: ignore[import-not-found]
+
+    yield users_model
+    sys.modules.pop("users_model", None)
+
+
+def test_the_place_is_the_users_innermost_frame_not_the_library_it_called(
+    users_module: object,
+) -> None:
+    with (
+        pytest.raises(outcome.UserCodeError) as raised,
+        outcome.user_code("the model's loss", task="worker-1"),
+    ):
+        users_module.loss({}, "{not json")  # type: ignore[attr-defined]
+    message = raised.value.message
+    assert message.startswith("worker-1: the model's loss raised JSONDecodeError: ")
+    assert "users_model.py:5 in loss" in message
+    assert raised.value.exit_code == config.EXIT_USER_CODE == 79
+    assert raised.value.reason == "UserCodeError"
+
+
+def test_without_a_users_frame_the_place_is_the_innermost_one() -> None:
+    def builtin() -> None:
+        raise ValueError("the file went away\nsecond line")
+
+    with (
+        pytest.raises(outcome.UserCodeError) as raised,
+        outcome.user_code("the dataset's train_batch", task="worker-0"),
+    ):
+        builtin()
+    message = raised.value.message
+    assert "raised ValueError: the file went away (at " in message  # first line only
+    assert "second line" not in message
+    assert "test_outcome.py" in message  # this file is not under jaxps_runtime or the stdlib
+
+
+def test_a_stopping_task_and_a_cause_already_named_pass_through_unchanged() -> None:
+    with pytest.raises(stopping.Stopped), outcome.user_code("the model's loss", task="worker-0"):
+        raise stopping.Stopped("SIGTERM")
+    diverged = outcome.DivergedError("worker-0: the loss is nan at global step 3")
+    with (
+        pytest.raises(outcome.DivergedError) as raised,
+        outcome.user_code("the model's loss", task="worker-0"),
+    ):
+        raise diverged
+    assert raised.value is diverged
+
+
+@pytest.mark.parametrize(
+    ("cause", "code", "reason"),
+    [
+        pytest.param(outcome.UserCodeError, 79, "UserCodeError", id="user-code"),
+        pytest.param(outcome.DivergedError, 80, "Diverged", id="diverged"),
+        pytest.param(outcome.StalledError, 81, "Stalled", id="stalled"),
+    ],
+)
+def test_each_cause_exits_with_a_final_code_the_control_plane_maps_to_its_reason(
+    cause: type[outcome.JobFailure], code: int, reason: str
+) -> None:
+    assert cause.exit_code == code
+    assert config.FINAL_EXITS[code] == reason == cause.reason
