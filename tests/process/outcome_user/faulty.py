@@ -2,8 +2,8 @@
 
 With this directory on ``PYTHONPATH`` a TrainingJob names them as any user's own code::
 
-    model:   {name: faulty, module: "faulty:make_model", kwargs: {features: 8, evaluateRaises: true}}
-    dataset: {module: "faulty:make_dataset", kwargs: {features: 8, worker: 1, raiseAt: 3}}
+    model: {name: faulty, module: "faulty:make_model", kwargs: {evaluateRaises: true}}
+    dataset: {module: "faulty:make_dataset", kwargs: {worker: 1, raiseAt: 3}}
 
 The model is least-squares regression (``y ~ x @ w + b``), the data a fixed linear target plus
 noise, so an undisturbed job converges in a few dozen steps. What goes wrong, and where, is
@@ -11,14 +11,13 @@ chosen by keyword arguments; each is off by default:
 
 - ``make_model(evaluateRaises=True)``: ``evaluate`` raises ``ArithmeticError`` (at trace time,
   as the runtime jits it: the chief's final evaluation fails, training itself does not);
-- ``make_model(evaluateSeconds=S)``: ``evaluate`` sleeps S seconds once, when it is traced: the
-  chief's finish (between the last step and the recorded outcome) lasts that much longer;
 - ``make_dataset(worker=W, raiseAt=N)``: worker W's ``train_batch`` of batch N raises
   ``LookupError``;
 - ``make_dataset(worker=W, nanAt=N)``: worker W's batch N has a NaN input (only that batch:
   a worker that skips it, as a rollback on divergence does, trains on finite data);
 - ``make_dataset(batchSeconds=S)``: every ``train_batch`` sleeps S seconds first (on every
   worker): training goes at a pace a test can act within;
+- ``make_dataset(worker=W, slowAt=N, slowSeconds=S)``: worker W's batch N takes S seconds more;
 - ``make_dataset(worker=W, blockAt=N)``: worker W's ``train_batch`` of batch N never returns
   (the task's own stop cannot end it either: the runtime's forced exit does).
 
@@ -44,10 +43,9 @@ _TEST_EXAMPLES = 256
 class FaultyModel:
     """``y ~ x @ w + b`` on the mean squared error; parameters start at zero."""
 
-    def __init__(self, *, features: int, evaluate_raises: bool, evaluate_seconds: float) -> None:
+    def __init__(self, *, features: int, evaluate_raises: bool) -> None:
         self.features = features
         self.evaluate_raises = evaluate_raises
-        self.evaluate_seconds = evaluate_seconds
         self.sparse: Mapping[str, str] = {}
 
     def init(self, key: jax.Array) -> dict[str, jax.Array]:
@@ -63,8 +61,6 @@ class FaultyModel:
     ) -> dict[str, jax.Array]:
         if self.evaluate_raises:
             raise ArithmeticError("faulty evaluate: the metric cannot be computed")  # EVALUATE
-        if self.evaluate_seconds:
-            time.sleep(self.evaluate_seconds)  # once: jax traces this method once per shape
         return {"loss": self.loss(params, batch)}
 
 
@@ -81,9 +77,12 @@ class FaultyDataset:
         nan_at: int | None,
         block_at: int | None,
         batch_seconds: float,
+        slow_at: int | None,
+        slow_seconds: float,
     ) -> None:
         self.features = features
         self.batch_seconds = batch_seconds
+        self.slow_at, self.slow_seconds = slow_at, slow_seconds
         self.worker = worker
         self.raise_at, self.nan_at, self.block_at = raise_at, nan_at, block_at
         self.target = np.linspace(-1.0, 1.0, features, dtype=np.float32)
@@ -100,6 +99,8 @@ class FaultyDataset:
         del num_workers  # each worker's batches are its own, however many there are
         if self.batch_seconds:
             time.sleep(self.batch_seconds)
+        if worker == self.worker and step == self.slow_at:
+            time.sleep(self.slow_seconds)
         if worker == self.worker and step == self.raise_at:
             raise LookupError(f"faulty dataset: no batch {step} for worker {worker}")  # RAISES
         if worker == self.worker and step == self.block_at:
@@ -131,11 +132,10 @@ def _optional_count(kwargs: dict[str, Any], key: str) -> int | None:
 
 
 def make_model(**kwargs: Any) -> FaultyModel:
-    """``features`` (default 8), ``evaluateRaises`` (false), ``evaluateSeconds`` (0)."""
+    """``features`` (default 8), ``evaluateRaises`` (false)."""
     model = FaultyModel(
         features=int(kwargs.pop("features", 8)),
         evaluate_raises=bool(kwargs.pop("evaluateRaises", False)),
-        evaluate_seconds=float(kwargs.pop("evaluateSeconds", 0.0)),
     )
     if kwargs:
         raise TypeError(f"unknown arguments {sorted(kwargs)}")
@@ -144,8 +144,8 @@ def make_model(**kwargs: Any) -> FaultyModel:
 
 def make_dataset(**kwargs: Any) -> FaultyDataset:
     """``features`` (default 8), ``worker`` (0: the worker that misbehaves), the batch of that
-    worker's shard that ``raiseAt``, ``nanAt`` or ``blockAt`` (each off by default), and
-    ``batchSeconds`` (0)."""
+    worker's shard that ``raiseAt``, ``nanAt``, ``blockAt`` or ``slowAt`` (each off by default),
+    ``slowSeconds`` (0) and ``batchSeconds`` (0)."""
     dataset = FaultyDataset(
         features=int(kwargs.pop("features", 8)),
         worker=int(kwargs.pop("worker", 0)),
@@ -153,6 +153,8 @@ def make_dataset(**kwargs: Any) -> FaultyDataset:
         nan_at=_optional_count(kwargs, "nanAt"),
         block_at=_optional_count(kwargs, "blockAt"),
         batch_seconds=float(kwargs.pop("batchSeconds", 0.0)),
+        slow_at=_optional_count(kwargs, "slowAt"),
+        slow_seconds=float(kwargs.pop("slowSeconds", 0.0)),
     )
     if kwargs:
         raise TypeError(f"unknown arguments {sorted(kwargs)}")
