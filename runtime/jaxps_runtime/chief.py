@@ -486,7 +486,7 @@ class Chief:
         parts = []
         for m in sorted(self.membership.members(), key=lambda m: m.task):
             heard = now - m.last_seen
-            doing = f"waits for {m.waiting}" if m.waiting else "is not waiting (computing)"
+            doing = f"waits for {m.waiting}" if m.waiting else "has said nothing yet"
             if m.done:
                 doing = "is done"
             parts.append(f"{m.task} {doing} (at step {m.step}, last heard {heard:.0f} s ago)")

@@ -382,7 +382,7 @@ class Worker:
         started = time.perf_counter()
         while self.cursor in self.skip:  # a batch that diverged (onDivergence: rollback)
             self.cursor += 1
-        self.waiting = ""
+        self.waiting = f"its batch {self.cursor} from the dataset (train_batch)"
         with outcome.user_code("the dataset's train_batch", task=task.name):
             batch = task.dataset.train_batch(
                 worker=self.index,
@@ -406,7 +406,7 @@ class Worker:
         if step >= training.steps:
             return -1
         pulled = time.perf_counter()
-        self.waiting = ""
+        self.waiting = f"its gradients of step {step} (the model's loss, compiled on step 1)"
         with outcome.user_code("the model's loss", task=task.name):
             loss, grads, finite = self._grad(task.layout.unflatten(params), batch)
             named = {n: np.asarray(g) for n, g in task.layout.named(grads).items()}
