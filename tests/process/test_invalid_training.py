@@ -18,7 +18,7 @@ pytestmark = pytest.mark.process
     [
         pytest.param(
             {"optimizer": {"name": "adam", "kwargs": {"learning_rate": 0.1, "mu_dtype": "nope"}}},
-            "JAXPS_TRAINING.optimizer.kwargs.mu_dtype: got \"nope\"; expected null",
+            'JAXPS_TRAINING.optimizer.kwargs.mu_dtype: got "nope"; expected null',
             id="optimizer-kwargs-a-dtype",
         ),
         pytest.param(
