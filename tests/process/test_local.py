@@ -195,3 +195,50 @@ def test_a_local_process_gets_the_pods_environment_as_the_builder_made_it(tmp_pa
 def test_free_ports_are_distinct() -> None:
     ports = cluster.free_ports(64)
     assert len(set(ports)) == 64
+
+
+def test_two_runs_of_one_manifest_started_together_keep_their_own_work_directories(
+    tmp_path: Path,
+) -> None:
+    """No --workdir: each gets `.work/<name>-<time>` of its own (then -2), in the same second;
+    and --json prints strict JSON (any parser takes it) with a separate chief's progress."""
+    name = f"twice-{uuid.uuid4().hex[:6]}"
+    manifest = {
+        "apiVersion": "jaxps.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicaSpecs": {"chief": {"replicas": 1}, "ps": {"replicas": 1}, "worker": {}},
+            "training": {
+                "model": {"name": "mlp", "kwargs": {"hidden": [8]}},
+                "dataset": {"name": "digits"},
+                "steps": 30,
+                "batchSize": 16,
+            },
+        },
+    }
+    path = tmp_path / "twice.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "jaxps_operator", "local", str(path), "--json"],
+            env=launch.runtime_env({"PYTHONPATH": str(ROOT / "operator")}),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    for run, (out, err) in zip(runs, outputs, strict=True):
+        assert run.returncode == 0, err
+        status = json.loads(out, parse_constant=lambda token: pytest.fail(f"{token} in JSON"))
+        assert status["state"] == "Succeeded"
+        assert status["progress"]["step"] == 30
+    workdirs = sorted((tmp_path / ".work").iterdir())
+    assert len(workdirs) == 2, outputs
+    for workdir in workdirs:
+        assert (workdir / local.JOB_FILE).is_file()
+        assert json.loads((workdir / local.JOB_FILE).read_text())["status"]["state"] == "Succeeded"
+    assert not alive_with_job_name(name)

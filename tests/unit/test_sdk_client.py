@@ -51,8 +51,10 @@ class Memory:
     def __init__(self, states: list[dict[str, Any]]) -> None:
         self.states = states
         self.reads = 0
+        self.timeouts: list[float | None] = []  # each get's, as wait gave it
 
-    def get(self, name: str) -> Job:
+    def get(self, name: str, *, timeout: float | None = None) -> Job:
+        self.timeouts.append(timeout)
         if name != "mnist":
             raise JobNotFoundError(name, self.where)
         raw = self.states[min(self.reads, len(self.states) - 1)]
@@ -159,6 +161,25 @@ def test_wait_times_out_naming_the_job_condition_and_where_it_is() -> None:
         client.wait("mnist", timeout=0.05, interval=0.01)
     with pytest.raises(JobNotFoundError, match="TrainingJob other not found in memory"):
         client.wait("other")
+
+
+def test_no_request_of_wait_may_outlive_its_deadline() -> None:
+    backend = Memory([stored("Running")])
+    with pytest.raises(WaitTimeoutError):
+        Client(backend).wait("mnist", timeout=0.3, interval=0.05)
+    assert all(t is not None and t <= 0.3 for t in backend.timeouts), backend.timeouts
+    assert backend.timeouts[-1] == pytest.approx(0.1, abs=0.05)  # the last: what was left
+
+
+@pytest.mark.parametrize("condition", ["Complete", "succeeded", "Ready", ""])
+def test_wait_for_a_condition_a_job_never_has_is_refused_before_any_read(condition: str) -> None:
+    backend = Memory([stored("Running")])
+    with pytest.raises(ValueError, match=f"condition {condition!r} is not one") as caught:
+        Client(backend).wait("mnist", condition)
+    assert str(caught.value).endswith(
+        "expected one of Created, PodsReady, Running, Restarting, Succeeded, Failed, Suspended"
+    )
+    assert backend.reads == 0
 
 
 def test_top_reads_a_tasks_metrics_and_rates_its_bytes() -> None:

@@ -10,7 +10,7 @@
 No JAX, numpy or gRPC is imported.
 """
 
-from jaxps.sdk.client import Backend, Client, load
+from jaxps.sdk.client import CONDITIONS, Backend, Client, load
 from jaxps.sdk.model import (
     Condition,
     Event,
@@ -23,10 +23,12 @@ from jaxps.sdk.model import (
     LogLine,
     Progress,
     Replicas,
+    ServerUnreachableError,
     WaitTimeoutError,
 )
 
 __all__ = [
+    "CONDITIONS",
     "Backend",
     "Client",
     "Condition",
@@ -40,6 +42,7 @@ __all__ = [
     "LogLine",
     "Progress",
     "Replicas",
+    "ServerUnreachableError",
     "WaitTimeoutError",
     "load",
 ]

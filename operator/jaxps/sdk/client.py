@@ -33,16 +33,21 @@ from jaxps_operator import schema
 
 Manifest = str | Path | Mapping[str, Any]
 TERMINAL = ("Succeeded", "Failed")
+# the types of status.conditions (the CRD's), the conditions `wait` can wait for
+CONDITIONS = ("Created", "PodsReady", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
+REQUEST_SECONDS = 30.0  # the Kubernetes backend's default timeout of one API request
 
 
 class Backend(Protocol):
     """Where jobs run. `create` takes a validated manifest; every other call names the job and
-    raises `JobNotFoundError` when there is none."""
+    raises `JobNotFoundError` when there is none. A backend with a server gives up on a
+    request after its own timeout, or `get`'s `timeout` when that is shorter, and raises
+    `ServerUnreachableError`."""
 
     where: str  # "namespace default of https://...", "/home/me/.local/share/jaxps/local"
 
     def create(self, manifest: Mapping[str, Any]) -> Job: ...
-    def get(self, name: str) -> Job: ...
+    def get(self, name: str, *, timeout: float | None = None) -> Job: ...
     def list(self) -> builtins.list[Job]: ...
     def delete(self, name: str, *, wait: bool) -> None: ...
     def events(self, name: str) -> builtins.list[Event]: ...
@@ -77,10 +82,12 @@ class Client:
         namespace: str | None = None,
         kubeconfig: str | Path | None = None,
         context: str | None = None,
+        timeout: float = REQUEST_SECONDS,
     ) -> Client:
         """Jobs on a cluster: `kubeconfig` (default $KUBECONFIG or ~/.kube/config), or the
         pod's service account in a cluster; `namespace` default: the context's, else
-        `default`."""
+        `default`. `timeout`: seconds each API request may take to connect, and then to
+        answer; a server that does not raises `ServerUnreachableError` naming it."""
         from jaxps.sdk.kubernetes import KubernetesBackend  # noqa: PLC0415
 
         return cls(
@@ -88,6 +95,7 @@ class Client:
                 namespace=namespace,
                 kubeconfig=str(kubeconfig) if kubeconfig is not None else None,
                 context=context,
+                timeout=timeout,
             )
         )
 
@@ -129,14 +137,21 @@ class Client:
         timeout: float = 600.0,
         interval: float = 1.0,
     ) -> Job:
-        """Waits until the job's `condition` is True, as `kubectl wait --for=condition=...`
-        does; returns the job. Raises `JobFailedError` when the job finished without it (it
-        never will be), and `WaitTimeoutError` after `timeout` seconds."""
+        """Waits until the job's `condition` (one of `CONDITIONS`) is True, as `kubectl wait
+        --for=condition=...` does; returns the job. Raises `JobFailedError` when the job
+        finished without it (it never will be), and `WaitTimeoutError` after `timeout`
+        seconds; no request outlives that deadline. An unknown condition is a ValueError at
+        once, not a wait that never ends."""
+        if condition not in CONDITIONS:
+            raise ValueError(
+                f"wait: condition {condition!r} is not one a TrainingJob has; expected one of "
+                f"{', '.join(CONDITIONS)}"
+            )
         if timeout < 0 or interval <= 0:
             raise ValueError(f"wait: timeout {timeout}, interval {interval}; expected >= 0, > 0")
         deadline = time.monotonic() + timeout
         while True:
-            job = self.backend.get(name)
+            job = self.backend.get(name, timeout=max(deadline - time.monotonic(), 0.1))
             found = job.condition(condition)
             if found is not None and found.status:
                 return job

@@ -7,8 +7,10 @@ kubectl jaxps wait NAME [--for condition=C] [--timeout 600]
 kubectl jaxps delete NAME [--no-wait]
 kubectl jaxps top NAME [--once]                every task's step, loss, steps/s, staleness and
                                                bytes in and out per second, from its metrics
-Every command takes -n/--namespace, --kubeconfig and --context. Exit codes: 0 done, 1 the job
-failed or a wait timed out, 2 bad usage or no such job.
+Every command takes -n/--namespace, --kubeconfig, --context and --request-timeout (seconds
+for the API server to connect and to answer each request, default 30). Exit codes: 0 done, 1
+the job failed, a wait timed out or the API server could not be reached, 2 bad usage or no
+such job.
 """
 
 from __future__ import annotations
@@ -26,9 +28,16 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from jaxps.sdk.client import Client
+from jaxps.sdk.client import CONDITIONS, REQUEST_SECONDS, Client
 from jaxps.sdk.kubernetes import KubernetesBackend
-from jaxps.sdk.model import JaxpsError, Job, JobFailedError, JobNotFoundError, WaitTimeoutError
+from jaxps.sdk.model import (
+    JaxpsError,
+    Job,
+    JobFailedError,
+    JobNotFoundError,
+    ServerUnreachableError,
+    WaitTimeoutError,
+)
 from jaxps_operator import builders
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -38,16 +47,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # a pipe or a file: lines as wide as they are, not cut at 80 columns
     out = Console() if sys.stdout.isatty() else Console(width=200)
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
     try:
         backend = KubernetesBackend(
-            namespace=args.namespace, kubeconfig=args.kubeconfig, context=args.context
+            namespace=args.namespace,
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            timeout=args.request_timeout,
         )
         code: int = args.run(Client(backend), backend, args, out)
     except JobNotFoundError as e:
         err.print(f"error: {e}", highlight=False, markup=False)
         return EXIT_USAGE
-    except (JobFailedError, WaitTimeoutError) as e:
+    except (JobFailedError, WaitTimeoutError, ServerUnreachableError) as e:
         err.print(f"error: {e}", highlight=False, markup=False)
         return EXIT_FAILED
     except JaxpsError as e:
@@ -64,6 +76,14 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("-n", "--namespace", help="default: the kubeconfig context's")
     common.add_argument("--kubeconfig", help="default: $KUBECONFIG, ~/.kube/config, in-cluster")
     common.add_argument("--context", help="the kubeconfig context to use")
+    common.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        default=REQUEST_SECONDS,
+        metavar="SECONDS",
+        help=f"for the API server to connect, then to answer, per request "
+        f"(default {REQUEST_SECONDS:g})",
+    )
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     get = commands.add_parser("get", parents=[common], help="list jobs, or show one")
@@ -185,6 +205,11 @@ def _wait(client: Client, _: KubernetesBackend, args: argparse.Namespace, out: C
     kind, _, condition = args.condition.partition("=")
     if kind != "condition" or not condition:
         raise JaxpsError(f"--for {args.condition!r}: expected condition=TYPE, e.g. Succeeded")
+    if condition not in CONDITIONS:
+        raise JaxpsError(
+            f"--for {args.condition!r}: a TrainingJob has no condition {condition}; expected "
+            f"one of {', '.join(CONDITIONS)}"
+        )
     job = client.wait(args.name, condition, timeout=args.timeout)
     out.print(f"trainingjob.jaxps.dev/{job.name} condition met ({condition})", highlight=False)
     return EXIT_OK

@@ -4,6 +4,11 @@ Credentials: a kubeconfig (given, $KUBECONFIG or ~/.kube/config) or, with none, 
 service account. Each backend has its own `ApiClient`, so two backends (two clusters) can live
 in one notebook. Task metrics (`top`) are read through the API server's pod proxy, so they work
 from outside the cluster network.
+
+Every request has a timeout (`timeout` seconds to connect, and as many for the answer; a
+followed log waits for its lines as long as they take) and is tried once: a server that is
+down, refuses or hangs raises `ServerUnreachableError` naming its address and the cause, never
+urllib3's own exceptions, and never waits for ever.
 """
 
 from __future__ import annotations
@@ -11,12 +16,14 @@ from __future__ import annotations
 import builtins
 import json
 import queue
+import re
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
@@ -28,6 +35,7 @@ from jaxps.sdk.model import (
     JobExistsError,
     JobNotFoundError,
     LogLine,
+    ServerUnreachableError,
     task_pods,
 )
 from jaxps_operator import builders
@@ -43,7 +51,11 @@ class KubernetesBackend:
         namespace: str | None = None,
         kubeconfig: str | None = None,
         context: str | None = None,
+        timeout: float = 30.0,
     ) -> None:
+        if not timeout > 0:
+            raise ValueError(f"timeout {timeout}: expected seconds > 0")
+        self.timeout = timeout
         configuration = client.Configuration()
         try:
             config.load_kube_config(  # type: ignore[no-untyped-call]
@@ -67,6 +79,10 @@ class KubernetesBackend:
                 ) from None
             chosen = namespace or _service_account_namespace()
         self.namespace = chosen or "default"
+        # one try per request: urllib3's retries would multiply the timeout (a GET that gets
+        # no answer is sent again, three more times)
+        configuration.retries = 0
+        self.server = str(configuration.host)
         self.api = client.ApiClient(configuration)
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
@@ -80,8 +96,14 @@ class KubernetesBackend:
         namespace = meta.setdefault("namespace", self.namespace)
         name = meta["name"]
         try:
-            created = self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, body, _preload_content=False
+            created = self._call(
+                self.custom.create_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                body,
+                _preload_content=False,
             )
         except ApiException as err:
             if err.status == 409:
@@ -89,10 +111,17 @@ class KubernetesBackend:
             raise JaxpsError(f"TrainingJob {name}: {_reason(err)}") from None
         return Job.of(_json(created))
 
-    def get(self, name: str) -> Job:
+    def get(self, name: str, *, timeout: float | None = None) -> Job:
         try:
-            raw = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, name, _preload_content=False
+            raw = self._call(
+                self.custom.get_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                name,
+                _preload_content=False,
+                timeout=timeout,
             )
         except ApiException as err:
             if err.status == 404:
@@ -101,15 +130,26 @@ class KubernetesBackend:
         return Job.of(_json(raw))
 
     def list(self) -> builtins.list[Job]:
-        raw = self.custom.list_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, _preload_content=False
+        raw = self._call(
+            self.custom.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURAL,
+            _preload_content=False,
         )
         return sorted((Job.of(item) for item in _json(raw)["items"]), key=lambda j: j.name)
 
     def delete(self, name: str, *, wait: bool) -> None:
         try:
-            self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, name, propagation_policy="Foreground"
+            self._call(
+                self.custom.delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                name,
+                propagation_policy="Foreground",
             )
         except ApiException as err:
             if err.status == 404:
@@ -128,7 +168,8 @@ class KubernetesBackend:
         raise JaxpsError(f"TrainingJob {name}: still there {GONE_SECONDS:g} s after delete")
 
     def events(self, name: str) -> builtins.list[Event]:
-        found = self.core.list_namespaced_event(
+        found = self._call(
+            self.core.list_namespaced_event,
             self.namespace,
             field_selector=f"involvedObject.name={name},involvedObject.kind=TrainingJob",
         )
@@ -157,7 +198,8 @@ class KubernetesBackend:
 
     def pods(self, name: str) -> dict[str, dict[str, Any]]:
         """The job's pods by name, as the API returns them."""
-        found = self.core.list_namespaced_pod(
+        found = self._call(
+            self.core.list_namespaced_pod,
             self.namespace,
             label_selector=f"{builders.LABEL_JOB}={name}",
             _preload_content=False,
@@ -169,8 +211,11 @@ class KubernetesBackend:
         container = (pod["spec"].get("containers") or [{}])[0]
         port = builders.template_metrics_port(container)
         try:
-            text: str = self.core.connect_get_namespaced_pod_proxy_with_path(
-                f"{pod['metadata']['name']}:{port}", self.namespace, "metrics"
+            text: str = self._call(
+                self.core.connect_get_namespaced_pod_proxy_with_path,
+                f"{pod['metadata']['name']}:{port}",
+                self.namespace,
+                "metrics",
             )
         except ApiException:
             return ""
@@ -178,29 +223,58 @@ class KubernetesBackend:
 
     def _log(self, pod: str, *, follow: bool) -> Iterator[LogLine]:
         try:
-            stream: Any = self.core.read_namespaced_pod_log(
-                pod, self.namespace, follow=follow, _preload_content=False
+            stream: Any = self._call(
+                self.core.read_namespaced_pod_log,
+                pod,
+                self.namespace,
+                follow=follow,
+                _preload_content=False,
+                answer=not follow,  # a followed log may be quiet for long
             )
         except ApiException as err:
             yield LogLine(task=pod, text=f"(no log: {_reason(err)})")
             return
         rest = b""
-        for chunk in stream.stream(2**14):
-            *lines, rest = (rest + chunk).split(b"\n")
-            for line in lines:
-                yield LogLine(task=pod, text=line.decode(errors="replace"))
+        try:
+            for chunk in stream.stream(2**14):
+                *lines, rest = (rest + chunk).split(b"\n")
+                for line in lines:
+                    yield LogLine(task=pod, text=line.decode(errors="replace"))
+        except urllib3.exceptions.HTTPError as err:
+            raise ServerUnreachableError(self.server, _cause(err, self.timeout)) from None
         if rest:
             yield LogLine(task=pod, text=rest.decode(errors="replace"))
 
+    def _call(
+        self,
+        method: Callable[..., Any],
+        *args: Any,
+        timeout: float | None = None,
+        answer: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        """`method(*args, **kwargs)` of the client within the backend's timeout (or
+        `timeout`, when shorter) to connect and, with `answer`, to answer; what urllib3
+        raises becomes `ServerUnreachableError`. The server's own answers (ApiException)
+        pass through."""
+        limit = max(min(self.timeout, timeout if timeout is not None else self.timeout), 0.1)
+        try:
+            return method(*args, _request_timeout=(limit, limit if answer else None), **kwargs)
+        except urllib3.exceptions.HTTPError as err:
+            raise ServerUnreachableError(self.server, _cause(err, limit)) from None
+
 
 def _merged(sources: list[Any]) -> Iterator[LogLine]:
-    """Lines of several followed streams as they come, one thread per stream."""
-    lines: queue.Queue[LogLine | None] = queue.Queue(maxsize=1024)
+    """Lines of several followed streams as they come, one thread per stream; a stream's
+    error (the server went away) is raised here, in the reader's thread."""
+    lines: queue.Queue[LogLine | JaxpsError | None] = queue.Queue(maxsize=1024)
 
     def pump(source: Any) -> None:
         try:
             for line in source():
                 lines.put(line)
+        except JaxpsError as err:
+            lines.put(err)
         finally:
             lines.put(None)
 
@@ -211,8 +285,25 @@ def _merged(sources: list[Any]) -> Iterator[LogLine]:
         line = lines.get()
         if line is None:
             running -= 1
+        elif isinstance(line, JaxpsError):
+            raise line
         else:
             yield line
+
+
+def _cause(err: urllib3.exceptions.HTTPError, timeout: float) -> str:
+    """Why a request got no answer, in words: `connection refused`, `no answer within 30 s`."""
+    reason = getattr(err, "reason", None) or err  # MaxRetryError wraps the last error
+    text = str(reason)
+    # first: urllib3 makes a refused connection a kind of ConnectTimeoutError
+    if isinstance(reason, urllib3.exceptions.NewConnectionError):
+        errno = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)  # [Errno 111] Connection refused
+        return errno.group(1).strip().lower() if errno else text
+    if isinstance(reason, urllib3.exceptions.ConnectTimeoutError):
+        return f"no connection within {round(timeout, 1):g} s (connect timeout)"
+    if isinstance(reason, urllib3.exceptions.ReadTimeoutError):
+        return f"no answer within {round(timeout, 1):g} s (read timeout)"
+    return text
 
 
 def _json(response: Any) -> Any:

@@ -91,7 +91,8 @@ class LocalBackend:
             time.sleep(POLL_SECONDS)
         return self.get(name)
 
-    def get(self, name: str) -> Job:
+    def get(self, name: str, *, timeout: float | None = None) -> Job:
+        """`timeout` is the port's; reading a file takes none."""
         workdir = self._workdir(name)
         raw = _read_json(workdir / JOB_FILE)
         if raw is None:

@@ -50,6 +50,16 @@ class JobFailedError(JaxpsError):
         )
 
 
+class ServerUnreachableError(JaxpsError, ConnectionError):
+    """The API server did not answer: nothing listens at its address, the connection broke,
+    or no answer came within the request timeout. `server` is its address, `cause` why."""
+
+    def __init__(self, server: str, cause: str) -> None:
+        self.server = server
+        self.cause = cause
+        super().__init__(f"cannot reach the Kubernetes API server at {server}: {cause}")
+
+
 class WaitTimeoutError(JaxpsError, TimeoutError):
     def __init__(self, job: Job, condition: str, timeout: float) -> None:
         self.job = job
