@@ -458,3 +458,151 @@ def test_a_deleted_operator_pod_is_replaced_and_carries_on_without_duplicates(
     watcher.join()
     assert len(seen) == 4, f"pods were created more than once: {len(seen)} uids for 4 tasks"
     assert job["status"]["restarts"] == 0
+
+
+# The kernel's OOM killer ends a container past its memory limit on this node (cgroup v1, the
+# kubelet's cgroupfs driver): importing JAX in the runtime image peaks at about 80 MB (measured
+# on the node: 40Mi to 72Mi were all OOMKilled within 2 s of the start, 80Mi was not), so this
+# is far below what a task needs and the worker dies while it starts, every time.
+TOO_LITTLE_MEMORY = "50Mi"
+
+
+def starved_worker(name: str, *, restart_policy: str, backoff_limit: int) -> dict[str, Any]:
+    """One ps and one worker whose template gives it `TOO_LITTLE_MEMORY`."""
+    body = training_job(name, steps=100)
+    memory = {"memory": TOO_LITTLE_MEMORY}
+    body["spec"]["replicaSpecs"] = {
+        "ps": {"replicas": 1},
+        "worker": {
+            "replicas": 1,
+            "restartPolicy": restart_policy,
+            "template": {
+                "spec": {
+                    "containers": [
+                        {"name": "jaxps", "resources": {"limits": memory, "requests": memory}}
+                    ]
+                }
+            },
+        },
+    }
+    body["spec"]["runPolicy"] = {"backoffLimit": backoff_limit}
+    return body
+
+
+@pytest.mark.parametrize(
+    ("restart_policy", "backoff_limit", "ending", "replaced"),
+    [
+        pytest.param("Never", 6, "; its restartPolicy is Never", 0, id="restartPolicy-Never"),
+        pytest.param(
+            "OnFailure",
+            1,
+            "; 1 pod replacement reached runPolicy.backoffLimit (1)",
+            1,
+            id="OnFailure-past-backoffLimit-1",
+        ),
+    ],
+)
+def test_a_worker_the_kernel_oom_kills_fails_the_job_naming_its_memory_limit_and_the_field(
+    jobs: E2eJobs, restart_policy: str, backoff_limit: int, ending: str, replaced: int
+) -> None:
+    name = start(
+        jobs,
+        starved_worker(
+            f"oom-{restart_policy.lower()}",
+            restart_policy=restart_policy,
+            backoff_limit=backoff_limit,
+        ),
+    )
+    pod = f"{name}-worker-0"
+    failed = jobs.wait_condition(name, "Failed", timeout=240)
+    # the kernel really killed it for memory: the kubelet says so in the pod's status
+    status = jobs.pod(pod)["status"]
+    terminated = status["containerStatuses"][0]["state"].get("terminated") or {}
+    assert (terminated.get("reason"), terminated.get("exitCode")) == ("OOMKilled", 137), status
+    field = "spec.replicaSpecs.worker.template.spec.containers[0].resources.limits.memory"
+    assert failed["reason"] == "OOMKilled", failed
+    assert failed["message"] == (
+        f"worker 0 (pod {pod}) was OOMKilled (exit code 137) with its memory limit "
+        f"{TOO_LITTLE_MEMORY}; give worker more memory in {field} of TrainingJob {name}{ending}"
+    )
+    warnings = jobs.wait_event(name, "OOMKilled", failed["message"])
+    assert all(e["type"] == "Warning" for e in warnings), warnings
+    job = jobs.get(name)
+    assert job is not None
+    assert job["status"]["restarts"] == replaced
+    if replaced:
+        [event] = jobs.wait_event(name, "PodReplaced", pod)
+        assert event["type"] == "Warning"
+        assert event["message"] == (
+            f"worker 0 (pod {pod}) was OOMKilled (exit code 137, memory limit "
+            f"{TOO_LITTLE_MEMORY}); replacing it (restartPolicy {restart_policy})"
+        )
+    else:
+        assert not [e for e in jobs.events(name) if e["reason"] == "PodReplaced"]
+    no_pod_left_running(jobs, name)  # the ps too (cleanPodPolicy Running)
+    keep(
+        f"{failed['reason']}: {failed['message']}\n\n$ kubectl get pod {pod} -o jsonpath="
+        f"'{{.status.containerStatuses[0].state}}'\n{json.dumps(terminated)}\n\n"
+        f"{jobs.kubectl('describe', 'tj', name)}",
+        f"oom-{restart_policy.lower()}.txt",
+    )
+
+
+def scheduler_events(jobs: E2eJobs) -> list[str]:
+    """What the scheduler said of this namespace's pods (FailedScheduling Events outlive the
+    pods they name)."""
+    items = jobs.cluster.core.list_namespaced_event(
+        jobs.namespace, field_selector="reason=FailedScheduling"
+    ).items
+    return [str(e.message) for e in items]
+
+
+def test_a_missing_checkpoint_claim_is_named_while_the_pods_wait_then_fails_the_job(
+    jobs: E2eJobs,
+) -> None:
+    body = training_job("noclaim", steps=100)
+    body["spec"]["runPolicy"] = {"scheduleTimeoutSeconds": 20}
+    claim = body["spec"]["training"]["checkpoint"]["claimName"]
+    name = str(jobs.apply(body)["metadata"]["name"])  # and no claim of that name
+    missing = f'persistentvolumeclaim "{claim}" not found'
+
+    def pods_ready_names_the_claim() -> dict[str, Any] | None:
+        conditions = ((jobs.get(name) or {}).get("status") or {}).get("conditions") or []
+        for c in conditions:
+            if c["type"] == "PodsReady" and c["status"] == "False" and missing in c["message"]:
+                return dict(c)
+        return None
+
+    ready = wait_for(
+        pods_ready_names_the_claim, timeout=120, what=f"PodsReady False on {name} naming {claim}"
+    )
+    assert ready["reason"] == "Unschedulable", ready
+    assert re.fullmatch(rf"pod {name}-\w+-\d \(\w+ \d\) waits: Unschedulable: .+", ready["message"])
+    # the scheduler's own words, as it told the pod
+    said = wait_for(
+        lambda: [m for m in scheduler_events(jobs) if missing in m],
+        what=f"the scheduler's FailedScheduling Event naming {claim}",
+    )
+    assert any(m in ready["message"] for m in said), (said, ready["message"])
+    failed = jobs.wait_condition(name, "Failed", timeout=180)
+    assert failed["reason"] == "Unschedulable", failed
+    waited = re.fullmatch(
+        rf"pod {name}-\w+-\d \(\w+ \d\) waited (\d+) s, past runPolicy.scheduleTimeoutSeconds "
+        r"\(20 s\): Unschedulable: (.+)",
+        failed["message"],
+    )
+    assert waited, failed["message"]
+    assert int(waited.group(1)) >= 20
+    assert missing in waited.group(2)
+    # a Warning while the pods waited (the claim named), and one when the job failed
+    warnings = jobs.wait_event(name, "Unschedulable", failed["message"])
+    assert all(e["type"] == "Warning" for e in warnings), warnings
+    assert any(" waits: " in e["message"] and missing in e["message"] for e in warnings), warnings
+    # cleanPodPolicy Running: the pods that waited are deleted
+    wait_for(lambda: not jobs.pods(name), timeout=120, what=f"every pod of {name} deleted")
+    keep(
+        f"while waiting, PodsReady False {ready['reason']}: {ready['message']}\n"
+        f"then Failed {failed['reason']}: {failed['message']}\n\n"
+        f"{jobs.kubectl('describe', 'tj', name)}",
+        "missing-claim.txt",
+    )
