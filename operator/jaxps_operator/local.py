@@ -488,8 +488,9 @@ def run(
             status = local.job["status"]
             step = (status.get("progress") or {}).get("step", 0)
             for task in local.kill_due(step, kills):
-                local.events.append(
-                    Event("Warning", "KilledOnRequest", f"--kill: SIGKILL {task} at step {step}")
+                local.post_event(
+                    local.job,
+                    Event("Warning", "KilledOnRequest", f"--kill: SIGKILL {task} at step {step}"),
                 )
             if on_tick is not None:
                 on_tick(local.job, local)

@@ -30,6 +30,16 @@ LIVE_PATH = "/healthz"
 READY_PATH = "/readyz"
 
 
+class Unset:
+    """A labelled gauge that is not served until its first `set`."""
+
+    def __init__(self, family: Gauge, *, task: str) -> None:
+        self._family, self._task = family, task
+
+    def set(self, value: float) -> None:
+        self._family.labels(task=self._task).set(value)
+
+
 class Metrics:
     """The jaxps metrics of one task."""
 
@@ -41,7 +51,17 @@ class Metrics:
             return Gauge(name, doc, ["task"], registry=self.registry).labels(**labels)
 
         self.global_step = gauge("jaxps_global_step", "The global step (the ps step).")
-        self.loss = gauge("jaxps_loss", "The latest training loss (mean over workers).")
+        # Absent until the first loss is known: an unset gauge reads 0.0, which the control
+        # plane would show as the loss (a separate chief hears a loss only in heartbeats).
+        self.loss = Unset(
+            Gauge(
+                "jaxps_loss",
+                "The latest training loss (mean over workers).",
+                ["task"],
+                registry=self.registry,
+            ),
+            task=task,
+        )
         self.examples_per_second = gauge(
             "jaxps_examples_per_second", "Training examples per second."
         )

@@ -54,3 +54,14 @@ def test_every_other_path_is_the_metrics(served: tuple[task_metrics.Metrics, int
 def test_the_pods_probe_the_paths_the_runtime_serves() -> None:
     assert builders.LIVE_PATH == task_metrics.LIVE_PATH
     assert builders.READY_PATH == task_metrics.READY_PATH
+
+
+def test_no_loss_is_served_until_one_is_known(
+    served: tuple[task_metrics.Metrics, int],
+) -> None:
+    """An unset gauge reads 0.0: a chief that has not heard a worker's loss yet would report a
+    loss of 0 (the control plane shows what it reads)."""
+    m, port = served
+    assert "jaxps_loss{" not in get(port, "/metrics")[1]
+    m.loss.set(0.25)
+    assert 'jaxps_loss{task="ps-0"} 0.25' in get(port, "/metrics")[1]
