@@ -151,7 +151,8 @@ def _run(
         status.finish(
             succeeded=False,
             reason="InvalidTraining",
-            message="spec.training is invalid, no pod started: " + "; ".join(map(str, problems)),
+            message="the training configuration is invalid for this job, no pod started: "
+            + "; ".join(map(str, problems)),
         )
         return
     problems = schema.setting_problems(job)
