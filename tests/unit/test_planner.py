@@ -11,7 +11,7 @@ import pytest
 
 from jaxps_operator import builders, planner, schema
 from jaxps_operator.planner import PodState
-from jaxps_operator.policy import cleanup
+from jaxps_operator.policy import cleanup, schedule
 from jaxps_runtime import cluster
 
 NOW = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
@@ -668,7 +668,11 @@ def test_a_waiting_pod_says_why_in_pods_ready_and_one_warning_per_change(
 ) -> None:
     j = job()
     step(j, [])
-    result = step(j, waiting(j, reason=reason, message=message))
+    young = step(j, waiting(j, reason=reason, message=message))
+    # a pod that has just been created may wait a moment (a claim binding): not said yet
+    assert [e for e in young.events if e.type == "Warning"] == []
+    assert young.requeue_after == pytest.approx(schedule.QUIET_SECONDS)
+    result = step(j, waiting(j, reason=reason, message=message), NOW + timedelta(seconds=10))
     ready = cond(result.status, "PodsReady")
     assert ready is not None
     assert (ready["status"], ready["reason"]) == ("False", reason)

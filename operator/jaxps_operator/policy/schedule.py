@@ -18,11 +18,24 @@ from typing import Any
 from jaxps_operator.conditions import Status
 from jaxps_operator.objects import Plan, PodState
 
+QUIET_SECONDS = 5.0
+"""A pod younger than this that waits is not reported yet: its claim may be binding, its
+image being pulled (the scheduler says Unschedulable for the second a fresh claim is unbound)."""
+
 
 def waiting(pods: Iterable[PodState], *, now: datetime) -> list[PodState]:
     """The pods that wait for a reason, the longest-waiting first."""
     waits = [p for p in pods if p.phase == "Pending" and p.waiting_reason and not p.deleting]
     return sorted(waits, key=lambda p: (p.created or now, p.name))
+
+
+def _young(pod: PodState, *, now: datetime) -> float | None:
+    """Seconds until `pod` has waited `QUIET_SECONDS`; None once it has (or its age is not
+    known)."""
+    if pod.created is None:
+        return None
+    left = QUIET_SECONDS - (now - pod.created).total_seconds()
+    return left if left > 0 else None
 
 
 def apply(job: Mapping[str, Any], *, pods: Iterable[PodState], status: Status, plan: Plan) -> bool:
@@ -32,6 +45,10 @@ def apply(job: Mapping[str, Any], *, pods: Iterable[PodState], status: Status, p
     if not waits:
         return False
     first = waits[0]
+    quiet = _young(first, now=status.now)  # the longest-waiting is the oldest
+    if quiet is not None:
+        plan.wake_in(quiet)
+        return False
     reason = first.waiting_reason
     said = f": {first.waiting_message}" if first.waiting_message else ""
     more = f" (and {len(waits) - 1} more pods wait)" if len(waits) > 1 else ""
