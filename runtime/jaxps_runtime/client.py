@@ -319,10 +319,14 @@ class PsClient:
         step: int = 0,
         mode: Mode | None = None,
         workers: Sequence[str] = (),
+        tables: Collection[str] | None = None,
     ) -> None:
         """Declares every ps's shards and mode, then streams their initial values (chief only).
 
         With `params` None the shards are only declared: `restore` fills them from a checkpoint.
+        `tables`: the variables workers update by rows (embedding tables, `Task.tables`); each
+        ps then refuses rows of any other shard and whole gradients of these. None declares
+        nothing (a ps then takes either kind of update of any shard).
         """
         self.epoch = epoch
         mode = mode or Mode()
@@ -332,7 +336,7 @@ class PsClient:
             shards = self._shards[ps]
             request = ps_pb2.InitRequest(
                 id=self.identity(ps),
-                tensors=[self._spec(s) for s in shards],
+                tensors=[self._declared_spec(s, tables) for s in shards],
                 optimizer=optimizer.to_json(),
                 step=step,
                 mode=mode.kind,
@@ -678,6 +682,17 @@ class PsClient:
     @staticmethod
     def _spec(shard: Shard) -> tensor_pb2.TensorSpec:
         return tensor_pb2.TensorSpec(name=shard.name, shape=shard.shape, dtype=shard.variable.dtype)
+
+    @staticmethod
+    def _declared_spec(shard: Shard, tables: Collection[str] | None) -> tensor_pb2.TensorSpec:
+        """The spec of a shard in Init, saying how pushes update it when `tables` is known: its
+        row count (by rows) or `streams.UPDATED_WHOLE`, as one little-endian int64."""
+        spec = PsClient._spec(shard)
+        if tables is not None:
+            table = shard.variable.name in tables and shard.shape
+            rows = shard.shape[0] if table else streams.UPDATED_WHOLE
+            spec.rows = np.array([rows], "<i8").tobytes()
+        return spec
 
     @staticmethod
     def _stream_spec(shard: Shard) -> streams.Spec:

@@ -24,6 +24,19 @@ class Async:
         self.workers = tuple(workers)
         self._reserved = 0  # admitted pushes not counted yet; under store.lock
 
+    def step_problem(self, step: int) -> str | None:
+        """A worker pushes for the step it read, the lowest of every ps's (`PsClient.read`),
+        so never for a step this ps has not reached; any older step is allowed (staleness)."""
+        current = self.store.step
+        if step > current:
+            return (
+                f"step {step} is ahead of this ps (at step {current}); a gradient is computed "
+                f"at a step the ps has reached (at most {current})"
+            )
+        if step < 0:
+            return f"step {step} is negative"
+        return None
+
     def admit(self, step: int) -> PushResult | None:
         with self.store.lock:
             current = self.store.step

@@ -41,6 +41,19 @@ class Sync:
     def _expected(self) -> int:
         return max(1, self.mode.replicas_to_aggregate or len(self.workers))
 
+    def step_problem(self, step: int) -> str | None:
+        """Sync aggregates the current step's gradients only: an older step is stale (`admit`
+        refuses it as such), a later one cannot have been read from this ps yet."""
+        current = self.store.step
+        if step > current:
+            return (
+                f"step {step} is ahead of this ps (at step {current}); sync takes gradients "
+                f"of the current step {current} only"
+            )
+        if step < 0:
+            return f"step {step} is negative"
+        return None
+
     def admit(self, step: int) -> PushResult | None:
         current = self.store.step
         if self.mode.last_step and current >= self.mode.last_step:

@@ -29,7 +29,11 @@ if TYPE_CHECKING:
 # INVALID_ARGUMENT) and the reason label of `jaxps_ps_refused_updates_total`.
 NONFINITE_GRADIENT = "nonfinite_gradient"  # a pushed gradient has a NaN or an inf
 NONFINITE_UPDATE = "nonfinite_update"  # the optimizer's step made a parameter NaN or inf
-REFUSALS = (NONFINITE_GRADIENT, NONFINITE_UPDATE)
+# The request means nothing a worker of this job can send: a step the mode does not allow, a
+# shard this ps does not hold or of another shape or dtype, rows of a dense shard, a row out of
+# range, a name twice, more tensors than this ps holds.
+INVALID_REQUEST = "invalid_request"
+REFUSALS = (NONFINITE_GRADIENT, NONFINITE_UPDATE, INVALID_REQUEST)
 
 
 class PsError(Exception):
@@ -50,6 +54,19 @@ class Mode:
     replicas_to_aggregate: int = 0  # sync: 0 = one per live worker
     max_staleness: int = 0  # bounded staleness
     last_step: int = 0  # pushes refused from this step on; 0 = no limit
+
+    def read_step_problem(self, min_step: int) -> str | None:
+        """What is wrong with waiting for `min_step`, or None: a negative step, or one past the
+        last step, which never comes (the wait would hold a ps thread until the caller gives
+        up). With no last step, any step may still come."""
+        if min_step < 0:
+            return f"min_step {min_step} is negative"
+        if self.last_step and min_step > self.last_step:
+            return (
+                f"min_step {min_step} is past the last step {self.last_step}; the ps never "
+                "gets there"
+            )
+        return None
 
 
 @dataclass(frozen=True)
@@ -78,6 +95,11 @@ class Policy(Protocol):
     # True: each dense shard is updated as soon as its bytes are in; False: `count` gets the
     # dense gradients and decides when they are applied.
     applies_on_arrival: bool
+
+    def step_problem(self, step: int) -> str | None:
+        """What is wrong with a push computed at `step` that no honest worker sends (a step
+        the ps has not reached), or None. Checked before anything of the push is read; a stale
+        step is no problem here but `admit`'s refusal."""
 
     def admit(self, step: int) -> PushResult | None:
         """A refusal for a push computed at `step`, decided before its bytes are read; or

@@ -22,10 +22,22 @@ from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime import optim, rpc, shardfile, streams
 from jaxps_runtime.config import OptimizerConfig
-from jaxps_runtime.policy import NONFINITE_GRADIENT, Mode, Policy, PsError, Push, PushResult
+from jaxps_runtime.policy import (
+    INVALID_REQUEST,
+    NONFINITE_GRADIENT,
+    Mode,
+    Policy,
+    PsError,
+    Push,
+    PushResult,
+)
 from jaxps_runtime.shards import STATE_NAMES, Held, ParameterStore, finite
 
 log = logging.getLogger(__name__)
+# The most row ids one tensor of gradient rows (or one selection of a Read) may carry beyond
+# its shard's own row count: ids may repeat (the ps sums them), so a batch may name more ids
+# than a small table has rows; beyond this many the request is refused, whatever the table.
+ROWS_PER_TENSOR = 1 << 16
 
 
 def _abort(context: grpc.ServicerContext, err: PsError | streams.StreamError) -> NoReturn:
@@ -98,6 +110,7 @@ class ParameterServicer:
             streams.Spec.from_proto(t, where=f"Init.tensors[{i}]")
             for i, t in enumerate(request.tensors)
         ]
+        by_rows = _declared_rows(request.tensors, specs)
         try:
             optimizer = OptimizerConfig.from_json(request.optimizer, where="Init.optimizer")
             optim.build(optimizer, where="Init.optimizer")
@@ -127,6 +140,7 @@ class ParameterServicer:
             step=request.step,
             mode=mode,
             workers=list(request.workers),
+            by_rows=by_rows,
         )
         log.info(
             "%s: init epoch %d step %d, %d shards, optimizer %s, mode %s, workers %s",
@@ -265,6 +279,7 @@ class ParameterServicer:
     @_guarded
     def Read(self, request: ps_pb2.ReadRequest, context: grpc.ServicerContext) -> Any:
         self.store.check(request.id, method="Read")
+        self._check_read(request)
         step, arrays, tensors = self._read(
             request.id.task,
             list(request.names),
@@ -282,7 +297,14 @@ class ParameterServicer:
         inf is refused as INVALID_ARGUMENT), and only once all are in and finite applies them
         (async; sync sums the dense ones into the step; gradient rows are applied at once in
         every mode, Hogwild-style): a refused push changes nothing. An update whose result is
-        not finite is refused too, and the shards it concerns keep their values."""
+        not finite is refused too, and the shards it concerns keep their values.
+
+        The header is checked for meaning before any tensor byte is read: at most as many
+        tensors as this ps holds, each named once; each a held shard of its dtype and shape,
+        by rows only where the chief declared a table (and the rows in range, at most
+        `ROWS_PER_TENSOR` beyond the shard's), whole elsewhere; a step the mode allows
+        (`Policy.step_problem`) and a then_read min_step that can come. Any of these is
+        INVALID_ARGUMENT with reason `INVALID_REQUEST` and changes nothing."""
         store = self.store
         staging: dict[str, Held] = {}
         header, assembler, fill = streams.receive(
@@ -293,14 +315,13 @@ class ParameterServicer:
             ),
         )
         store.check(header.id, method="Update")
-        specs = self._unique(assembler.specs, where="Update")
-        rows: dict[int, tuple[Held, np.ndarray]] = {}
-        for i, t in enumerate(header.tensors):
-            if t.rows:
-                rows[i] = self._row_target(t, specs[i], where=f"Update.tensors[{i}]")
-            else:
-                staging[specs[i].name] = store.matching(specs[i], where=f"Update.tensors[{i}]")
         policy = store.policy
+        try:
+            rows = self._check_update(header, assembler.specs, policy=policy, staging=staging)
+        except (PsError, streams.StreamError) as err:
+            if isinstance(err, PsError) and err.code != grpc.StatusCode.INVALID_ARGUMENT:
+                raise
+            raise self._invalid(err, header) from None
         refusal = policy.admit(header.step)
         if refusal is not None:
             store.note_cursor(header.id.task, header.cursor)
@@ -376,6 +397,88 @@ class ParameterServicer:
             reason=NONFINITE_GRADIENT,
         )
 
+    def _check_update(
+        self,
+        header: tensor_pb2.FrameHeader,
+        specs: Sequence[streams.Spec],
+        *,
+        policy: Policy,
+        staging: dict[str, Held],
+    ) -> dict[int, tuple[Held, np.ndarray]]:
+        """The meaning of an Update's header (see `Update`): the rows' targets by tensor index;
+        fills `staging` with the dense ones' shards. Linear in the number of tensors."""
+        self._unique(specs, where="Update", most=self.store.size())
+        problem = policy.step_problem(header.step)
+        if problem is not None:
+            raise PsError(grpc.StatusCode.INVALID_ARGUMENT, f"Update.step: {problem}")
+        if header.then_read:
+            problem = self.store.mode.read_step_problem(header.min_step)
+            if problem is not None:
+                raise PsError(grpc.StatusCode.INVALID_ARGUMENT, f"Update.min_step: {problem}")
+        rows: dict[int, tuple[Held, np.ndarray]] = {}
+        for i, t in enumerate(header.tensors):
+            where = f"Update.tensors[{i}]"
+            if t.rows:
+                rows[i] = self._row_target(t, specs[i], where=where)
+                continue
+            held = self.store.matching(specs[i], where=where)
+            if held.by_rows:
+                raise PsError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{where}: shard {held.spec.name!r} is an embedding table's, updated by "
+                    "rows; got a whole gradient without row ids",
+                )
+            staging[specs[i].name] = held
+        return rows
+
+    def _invalid(
+        self, err: PsError | streams.StreamError, header: tensor_pb2.FrameHeader
+    ) -> PsError:
+        """The refusal of an Update whose header means nothing: counted (`INVALID_REQUEST`),
+        logged, and said to change nothing."""
+        self.store.refused(INVALID_REQUEST)
+        message = err.message if isinstance(err, PsError) else str(err)
+        log.warning(
+            "%s: refused an update pushed by %s at step %d: %s",
+            self.store.task,
+            header.id.task or "?",
+            header.step,
+            message[:500],
+        )
+        return PsError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{message}; nothing of this update was applied",
+            reason=INVALID_REQUEST,
+        )
+
+    def _check_read(self, request: ps_pb2.ReadRequest) -> None:
+        """A Read names each shard once, at most as many as this ps holds, and waits for a step
+        that can come (`Mode.read_step_problem`)."""
+        most = self.store.size()
+        if len(request.names) > most:
+            raise PsError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Read.names: {len(request.names)} names; {self.store.task} holds {most} shards",
+            )
+        if len(request.selections) > most:
+            raise PsError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Read.selections: {len(request.selections)} selections; {self.store.task} "
+                f"holds {most} shards",
+            )
+        for field, names in (
+            ("names", request.names),
+            ("selections", (s.name for s in request.selections)),
+        ):
+            dup = streams.first_duplicate(names)
+            if dup is not None:
+                raise PsError(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"Read.{field}: shard {dup!r} appears twice"
+                )
+        problem = self.store.mode.read_step_problem(request.min_step)
+        if problem is not None:
+            raise PsError(grpc.StatusCode.INVALID_ARGUMENT, f"Read.min_step: {problem}")
+
     def _update_reply(
         self, request: tensor_pb2.FrameHeader, result: PushResult, context: grpc.ServicerContext
     ) -> streams.Reply:
@@ -435,6 +538,12 @@ class ParameterServicer:
     ) -> tuple[Held, np.ndarray]:
         """The embedding shard and row ids of one tensor of gradient rows, checked."""
         held = self.store.matching(spec, where=where, rows=True)
+        if held.by_rows is False:
+            raise PsError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{where}: shard {held.spec.name!r} is a dense variable's, updated whole; got "
+                f"{len(tensor.rows) // 8} rows of it (rows only update embedding tables)",
+            )
         ids = self._row_ids(tensor.rows, held.spec, where=f"{where}.rows")
         if ids.size != (spec.shape[0] if spec.shape else -1):
             raise PsError(
@@ -446,10 +555,16 @@ class ParameterServicer:
     # --- helpers ----------------------------------------------------------------------------
 
     @staticmethod
-    def _unique(specs: Sequence[streams.Spec], *, where: str) -> Sequence[streams.Spec]:
-        names = [s.name for s in specs]
-        if len(set(names)) != len(names):
-            dup = next(n for n in names if names.count(n) > 1)
+    def _unique(
+        specs: Sequence[streams.Spec], *, where: str, most: int | None = None
+    ) -> Sequence[streams.Spec]:
+        """`specs`, once checked that each name comes once (and that there are at most `most`)."""
+        if most is not None and len(specs) > most:
+            raise streams.StreamError(
+                f"{where}.tensors: {len(specs)} tensors; this ps holds {most} shards"
+            )
+        dup = streams.first_duplicate(s.name for s in specs)
+        if dup is not None:
             raise streams.StreamError(f"{where}.tensors: shard {dup!r} appears twice")
         return specs
 
@@ -470,11 +585,45 @@ class ParameterServicer:
             raise PsError(
                 grpc.StatusCode.INVALID_ARGUMENT, f"{where}: shard {spec.name!r} is a scalar"
             )
+        most = max(spec.shape[0], ROWS_PER_TENSOR)
+        if len(raw) // 8 > most:
+            raise PsError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{where}: {len(raw) // 8} row ids for shard {spec.name!r} of {spec.shape[0]} "
+                f"rows; at most {most} (sum the gradients of repeated ids first)",
+            )
         ids = np.frombuffer(raw, dtype="<i8")
         if ids.size and (ids.min() < 0 or ids.max() >= spec.shape[0]):
             bad = ids[(ids < 0) | (ids >= spec.shape[0])][0]
             raise PsError(
-                grpc.StatusCode.OUT_OF_RANGE,
-                f"{where}: row {int(bad)} is outside shard {spec.name!r} of {spec.shape[0]} rows",
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{where}: row {int(bad)} is outside shard {spec.name!r}, whose rows are "
+                f"0..{spec.shape[0] - 1}",
             )
         return ids
+
+
+def _declared_rows(
+    tensors: Sequence[tensor_pb2.TensorSpec], specs: Sequence[streams.Spec]
+) -> set[str] | None:
+    """The shards an Init declares updated by rows (see `streams.UPDATED_WHOLE`), or None when
+    it declares nothing."""
+    declared = [bool(t.rows) for t in tensors]
+    if not any(declared):
+        return None
+    by_rows: set[str] = set()
+    for i, (t, spec) in enumerate(zip(tensors, specs, strict=True)):
+        where = f"Init.tensors[{i}].rows"
+        count = int(np.frombuffer(t.rows, "<i8")[0]) if len(t.rows) == 8 else None
+        rows = spec.shape[0] if spec.shape else None
+        if count == streams.UPDATED_WHOLE:
+            continue
+        if count is None or count != rows:
+            raise PsError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{where}: shard {spec.name!r} {list(spec.shape)}: expected one little-endian "
+                f"int64, {streams.UPDATED_WHOLE} (updated whole) or its row count {rows} "
+                "(updated by rows); a chief declares every shard or none",
+            )
+        by_rows.add(spec.name)
+    return by_rows

@@ -32,7 +32,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -104,6 +104,9 @@ class Held:
 
     spec: Spec
     value: jax.Array | np.ndarray | None = None  # np.ndarray: updated in place by rows
+    # How pushes update it, as the chief declared at Init: True, by rows (an embedding table's
+    # shard); False, whole; None, not declared (a chief that declares no table: either way).
+    by_rows: bool | None = None
     opt_state: Any = None
     spare: list[np.ndarray] = field(default_factory=list)
 
@@ -271,10 +274,14 @@ class ParameterStore:
         held = self._tensors.get(name)
         if held is None:
             raise PsError(
-                grpc.StatusCode.NOT_FOUND,
+                grpc.StatusCode.INVALID_ARGUMENT,
                 f"{where}: {self.task} holds no shard {name!r} ({len(self._tensors)} shards held)",
             )
         return held
+
+    def size(self) -> int:
+        """How many shards this ps holds: the most tensors one request may name."""
+        return len(self._tensors)
 
     def matching(self, spec: Spec, *, where: str, rows: bool = False) -> Held:
         """The held shard `spec` names, if its dtype and shape fit (row shape for `rows`)."""
@@ -300,11 +307,13 @@ class ParameterStore:
         step: int,
         mode: Mode | None = None,
         workers: Sequence[str] = (),
+        by_rows: Collection[str] | None = None,
     ) -> None:
-        """Declares the shards and optimizer; values arrive through `assign`."""
-        names = [s.name for s in specs]
-        if len(set(names)) != len(names):
-            dup = next(n for n in names if names.count(n) > 1)
+        """Declares the shards and optimizer; values arrive through `assign`. `by_rows`: the
+        shards pushes update by rows (embedding tables'); every other one is updated whole.
+        None declares neither (either kind of update is taken)."""
+        dup = streams.first_duplicate(s.name for s in specs)
+        if dup is not None:
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT, f"Init.tensors: {dup!r} twice")
         key = optimizer.to_json()
         updates = self._appliers.get(key)
@@ -319,7 +328,10 @@ class ParameterStore:
                 self._fail_snapshots(f"the chief re-initialised {self.task} (epoch {epoch})")
                 self._mode, self._policy = mode, policy
                 self._cursors = {}
-                self._tensors = {s.name: Held(s) for s in specs}
+                self._tensors = {
+                    s.name: Held(s, by_rows=None if by_rows is None else s.name in by_rows)
+                    for s in specs
+                }
                 self._optimizer, self._applier, self._updates = optimizer, updates.applier, updates
                 self._epoch, self._step = epoch, step
                 self._pushes.clear()

@@ -23,6 +23,10 @@ from jaxps.v1 import tensor_pb2
 from jaxps_runtime import codec
 
 CHUNK_BYTES = 1 << 20
+# Init only: a shard's `TensorSpec.rows` declares how pushes update it, as one little-endian
+# int64: its row count when by rows (an embedding table's shard), `UPDATED_WHOLE` when whole.
+# A chief that declares sets it on every shard; one that sets it on none declares nothing.
+UPDATED_WHOLE = -1
 
 DTYPES: dict[str, np.dtype[np.generic]] = {
     "float32": np.dtype(np.float32),
@@ -69,6 +73,17 @@ class Spec:
         return tensor_pb2.TensorSpec(
             name=self.name, shape=self.shape, dtype=self.dtype.name, rows=rows
         )
+
+
+def first_duplicate(names: Iterable[str]) -> str | None:
+    """The first name that appears a second time, or None; linear in the number of names (a
+    peer chooses how many it sends)."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
 
 
 ALIGNMENT = 64

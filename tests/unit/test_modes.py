@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
+import grpc
 import jax
 import numpy as np
 import pytest
@@ -232,3 +233,57 @@ def test_sync_dropping_a_worker_applies_the_step_even_when_its_update_is_refused
     store.policy.set_workers(["worker-0"])  # the refusal is logged, not raised to the chief
     assert store.step == 1
     assert np.array_equal(_value(store), np.zeros(4, np.float32))
+
+
+@pytest.mark.parametrize(
+    "kind", [ps_pb2.ASYNC, ps_pb2.BOUNDED_STALENESS, ps_pb2.SYNC], ids=["async", "bounded", "sync"]
+)
+def test_every_mode_finds_a_push_for_a_step_the_ps_has_not_reached_wrong(
+    store: ParameterStore, kind: ps_pb2.TrainingMode
+) -> None:
+    _init(store, Mode(kind=kind, max_staleness=1))
+    assert store.policy.step_problem(0) is None
+    for step in (1, 2**62):
+        problem = store.policy.step_problem(step)
+        assert problem is not None
+        assert f"step {step} is ahead of this ps (at step 0)" in problem
+    assert "negative" in (store.policy.step_problem(-1) or "")
+
+
+def test_async_allows_a_stale_step_sync_leaves_it_to_its_stale_refusal(
+    store: ParameterStore,
+) -> None:
+    _init(store, Mode(kind=ps_pb2.ASYNC))
+    assert _async_push(store, "worker-0", "p1")
+    assert store.policy.step_problem(0) is None  # one behind: staleness, not a problem
+    _init(store, Mode(kind=ps_pb2.SYNC), workers=("worker-0",))
+    store.policy.count(Push("", 0, "worker-0", 0, _dense(store, 1.0)))
+    assert store.step == 1
+    assert store.policy.step_problem(0) is None
+    assert store.policy.admit(0) is not None  # refused as stale, in the reply
+    assert "sync takes gradients of the current step 1 only" in (store.policy.step_problem(2) or "")
+
+
+def test_a_read_may_wait_for_any_step_up_to_the_last_one_only() -> None:
+    mode = Mode(last_step=100)
+    assert mode.read_step_problem(0) is None
+    assert mode.read_step_problem(100) is None
+    assert "past the last step 100" in (mode.read_step_problem(101) or "")
+    assert "negative" in (mode.read_step_problem(-5) or "")
+    assert Mode().read_step_problem(2**62) is None  # no last step: any step may come
+
+
+def test_init_declares_which_shards_are_updated_by_rows(store: ParameterStore) -> None:
+    table = Spec("e", (8, 2), np.dtype(np.float32))
+    store.init(epoch=1, specs=[SPEC, table], optimizer=SGD, step=0, by_rows={"e"})
+    assert store.held("e", where="test").by_rows is True
+    assert store.held("w", where="test").by_rows is False
+    store.init(epoch=2, specs=[SPEC, table], optimizer=SGD, step=0)
+    assert store.held("e", where="test").by_rows is None  # nothing declared: either kind
+
+
+def test_an_unknown_shard_is_an_invalid_argument_naming_it(store: ParameterStore) -> None:
+    _init(store, Mode())
+    with pytest.raises(PsError, match="holds no shard 'nope'") as caught:
+        store.held("nope", where="Update.tensors[0]")
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT

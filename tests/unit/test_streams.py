@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -166,3 +168,16 @@ def test_a_direct_stream_of_other_than_its_tensors_bytes_is_refused() -> None:
         streams.StreamError, match="carries 4047 bytes; the header's 3 tensors hold 4048"
     ):
         list(fill)
+
+
+def test_first_duplicate_names_the_first_name_seen_twice() -> None:
+    assert streams.first_duplicate(["a", "b", "c"]) is None
+    assert streams.first_duplicate(["a", "b", "c", "b", "a"]) == "b"
+    assert streams.first_duplicate([]) is None
+
+
+def test_first_duplicate_is_linear_in_the_names_a_peer_sends() -> None:
+    names = [f"n{i}" for i in range(200_000)] + ["n199999"]  # the repeat comes last
+    started = time.process_time()
+    assert streams.first_duplicate(names) == "n199999"
+    assert time.process_time() - started < 0.5  # quadratic: minutes
