@@ -10,7 +10,8 @@ three times what a socket round trip does. So the two data calls travel here: th
 messages (a `ReadRequest`; a `FrameHeader` and the tensors' bytes), the same
 `ParameterServicer` methods, the same errors; only the framing differs.
 
-    ps:     BulkServer(servicer, host=..., task=..., job=..., chief=..., credentials=...)
+    ps:     BulkServer(servicer, host=..., task=..., job=..., chief=..., credentials=...,
+                       placed=store.specs)
             .port goes out in StatusReply.bulk_port
     client: Peer(address, credentials); .learn(port) from each StatusReply;
             rpc.call(..., bulk_peer=peer) uses it for every Read and Update
@@ -18,8 +19,21 @@ messages (a `ReadRequest`; a `FrameHeader` and the tensors' bytes), the same
 A call that cannot use it (no port known, or the connection failed: the port is forgotten until
 the next Status) goes over gRPC, which always works. With the task's credentials the socket is
 mutual TLS against the job's CA (Python's ssl, with the checks gRPC makes: the server's
-certificate names the host dialled, the client's is of the job's CA) and every call is
-authorized by `authz` as its gRPC twin is; in plaintext nobody has an identity, as on gRPC.
+certificate names the host dialled, the client's is of the job's CA) and every call passes
+`authz.Gate`, the gate of its gRPC twin: the caller's role, then the task its request speaks for
+must be its own. In plaintext nobody has an identity, as on gRPC, and nothing is checked.
+
+No peer can hold a ps's resources here. A connection is one thread, and there are at most
+`MAX_CONNECTIONS` (in total, handshakes included) and `MAX_PEER_CONNECTIONS` per caller
+identity (per address in plaintext); one over either is closed with a warning in the ps's log,
+and its client goes on over gRPC. A handshake may stall `HANDSHAKE_SECONDS`, a call in progress
+(its prefix and message, its tensor bytes, the reply's sending) `FRAME_SECONDS` without a byte
+moving, and the prefix and message together take at most `FRAME_SECONDS` plus a second per MiB;
+a connection waits `IDLE_SECONDS` for its next call. Past any of these it is closed. A message
+is at most what the ps's shards could ever need (`Bounds`: their row ids twice over and 1 MiB),
+a call's tensor bytes at most twice its shards' bytes and 64 MiB; a larger claim closes the
+connection before anything is allocated or read for it. A peer that trickles a byte every few
+seconds is bounded by the caps, not by the timeouts.
 
 Wire format (little-endian; one call at a time on a connection, a connection per call in flight):
 
@@ -35,9 +49,11 @@ call, so that neither side blocks writing while the other writes. Thread-safe.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
+import math
 import select
 import socket
 import ssl
@@ -45,6 +61,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import grpc
@@ -63,9 +80,19 @@ METHODS = {READ: "Read", UPDATE: "Update"}
 NUMBERS = {name: number for number, name in METHODS.items()}
 PREFIX = struct.Struct("<BIQ")
 MAX_MESSAGE_BYTES = 256 << 20  # a header (row ids included) above this closes the connection
-HANDSHAKE_SECONDS = 10.0
+HANDSHAKE_SECONDS = 10.0  # the longest a TLS handshake and hello may stall
+# The longest a call in progress may go without a byte moving, either way: half a frame sent
+# and nothing more, or a reply its caller does not read. Then the connection is closed.
+FRAME_SECONDS = 5.0
+# The longest a connection may wait for its next call; a client drops its own idle connections
+# after half of it, so that it never sends on one the ps is closing.
+IDLE_SECONDS = 60.0
 CONNECT_SECONDS = 5.0
-MAX_CONNECTIONS = 256
+MAX_CONNECTIONS = 256  # open at once, handshakes included; also the most threads serving them
+MAX_PEER_CONNECTIONS = 32  # open at once per caller identity (per address in plaintext)
+SMALL_MESSAGE_BYTES = 1 << 20  # a message this size needs no look at the ps's shards
+SMALL_TENSOR_BYTES = 64 << 20  # nor do tensor bytes this size
+REFUSAL_LOG_SECONDS = 10.0  # one warning per peer and reason this often, however many refusals
 CLOSE_SECONDS = 5.0  # the longest `BulkServer.close` waits for its threads
 RETRY_PORT_AFTER = 2.0  # seconds between Status calls that ask a ps for its bulk port again
 # A port whose connection timed out or failed its TLS handshake (a network policy or firewall
@@ -95,23 +122,29 @@ class BulkError(grpc.RpcError):  # type: ignore[misc]  # grpc has no type stubs
         return ((REASON_KEY, self._reason),) if self._reason else ()
 
 
-def _recv_exact(conn: socket.socket, view: memoryview) -> None:
-    """Fills `view` from `conn`; EOFError if the peer closed first."""
+def _recv_exact(conn: socket.socket, view: memoryview, deadline: float | None = None) -> None:
+    """Fills `view` from `conn`; EOFError if the peer closed first, TimeoutError past the
+    `deadline` (monotonic; else the socket's own timeout bounds each wait)."""
     got, total = 0, len(view)
     while got < total:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{got} of {total} bytes arrived in time")
+            conn.settimeout(left)
         n = conn.recv_into(view[got:], total - got)
         if not n:
             raise EOFError(f"the peer closed the connection after {got} of {total} bytes")
         got += n
 
 
-def _recv_bytes(conn: socket.socket, size: int) -> bytes:
+def _recv_bytes(conn: socket.socket, size: int, deadline: float | None = None) -> bytes:
     """`size` bytes from `conn`, memory taken as they arrive (a peer that only claims a large
     message gets no large buffer)."""
     buf = bytearray()
     while len(buf) < size:
         part = bytearray(min(size - len(buf), 1 << 20))
-        _recv_exact(conn, memoryview(part))
+        _recv_exact(conn, memoryview(part), deadline)
         buf += part
     return bytes(buf)
 
@@ -200,9 +233,30 @@ class _Incoming(_Socketed):
             self.left -= take
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """The largest call a ps could ever need, from the shards it holds (`streams.Spec`s)."""
+
+    message_bytes: int  # a ReadRequest or FrameHeader: every shard's row ids twice, and 1 MiB
+    tensor_bytes: int  # a call's tensor bytes: twice every shard's bytes, and 64 MiB
+
+    @classmethod
+    def of(cls, specs: Sequence[streams.Spec]) -> Bounds:
+        rows = sum(s.shape[0] if s.shape else 1 for s in specs)
+        return cls(
+            message_bytes=min(SMALL_MESSAGE_BYTES + 16 * rows, MAX_MESSAGE_BYTES),
+            tensor_bytes=SMALL_TENSOR_BYTES + 2 * sum(s.nbytes for s in specs),
+        )
+
+
+class _Dropped(Exception):  # noqa: N818 (the connection is dropped, not an error of ours)
+    """A connection closed by a limit; the message says which, for the ps's log."""
+
+
 class BulkServer:
     """Serves the bulk path of one ps: a listener on an ephemeral port of `host`, a thread
-    per connection. `close` ends every connection (calls in flight fail UNAVAILABLE)."""
+    per connection, at most `MAX_CONNECTIONS` of them (`MAX_PEER_CONNECTIONS` per caller).
+    `close` ends every connection (calls in flight fail UNAVAILABLE). Thread-safe."""
 
     def __init__(
         self,
@@ -214,11 +268,14 @@ class BulkServer:
         chief: tuple[str, int],
         credentials: TaskCredentials | None = None,
         on_call: Callable[[], None] = lambda: None,
+        placed: Callable[[], Sequence[streams.Spec]] = lambda: (),
     ) -> None:
         self._servicer = servicer
         self._on_call = on_call  # after each call served whole (the ps counts them)
-        self._task, self._job, self._chief = task, job, chief
+        self._placed = placed  # the shards the ps holds now, which bound what a call may carry
+        self._task = task
         self._tls = credentials.ssl_context(server=True) if credentials else None
+        self._gate = authz.Gate(job=job, chief=chief) if credentials else None
         if host in ("", "::", "0.0.0.0"):  # all interfaces
             if socket.has_dualstack_ipv6():
                 self._listener = socket.create_server(
@@ -234,6 +291,8 @@ class BulkServer:
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self._threads: set[threading.Thread] = set()
+        self._per_peer: collections.Counter[str] = collections.Counter()
+        self._warned: dict[tuple[str, str], float] = {}  # (peer, reason) -> last warning
         self._acceptor = threading.Thread(
             target=self._accept, name=f"{task}-bulk-accept", daemon=True
         )
@@ -256,6 +315,20 @@ class BulkServer:
             if thread.is_alive() and thread is not threading.current_thread():
                 thread.join(timeout=max(deadline - time.monotonic(), 0.0))
 
+    def open_connections(self) -> int:
+        """Connections open now, handshakes included."""
+        with self._lock:
+            return len(self._connections)
+
+    def _warn(self, peer: str, reason: str, message: str, *args: Any) -> None:
+        """Logs a refusal, once per peer and reason every `REFUSAL_LOG_SECONDS`."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._warned.get((peer, reason), -math.inf) < REFUSAL_LOG_SECONDS:
+                return
+            self._warned[(peer, reason)] = now
+        log.warning("%s: " + message, self._task, *args)
+
     def _accept(self) -> None:
         while not self.closed:
             try:
@@ -263,18 +336,32 @@ class BulkServer:
             except OSError:
                 return  # closed
             with self._lock:
-                if self.closed or len(self._connections) >= MAX_CONNECTIONS:
-                    raw.close()
-                    continue
-                self._connections.add(raw)
-                thread = threading.Thread(
-                    target=self._serve, args=(raw, peer), name=f"{self._task}-bulk", daemon=True
-                )
-                self._threads.add(thread)
+                full = len(self._connections) >= MAX_CONNECTIONS
+                if not self.closed and not full:
+                    self._connections.add(raw)
+                    thread = threading.Thread(
+                        target=self._serve,
+                        args=(raw, peer),
+                        name=f"{self._task}-bulk",
+                        daemon=True,
+                    )
+                    self._threads.add(thread)
+            if self.closed or full:
+                raw.close()
+                if full:
+                    self._warn(
+                        "all",
+                        "full",
+                        "refused a bulk connection from %s: %d are open, the most a ps serves "
+                        "(bulk.MAX_CONNECTIONS); its client goes on over gRPC",
+                        peer[0],
+                        MAX_CONNECTIONS,
+                    )
+                continue
             thread.start()
 
     def _serve(self, raw: socket.socket, peer: Any) -> None:
-        conn = raw
+        conn, counted = raw, ""
         try:
             _tune(raw)
             raw.settimeout(HANDSHAKE_SECONDS)
@@ -283,16 +370,30 @@ class BulkServer:
                 with self._lock:
                     self._connections.discard(raw)
                     self._connections.add(conn)
-            if _recv_bytes(conn, len(HELLO)) != HELLO:
+            deadline = time.monotonic() + HANDSHAKE_SECONDS
+            if _recv_bytes(conn, len(HELLO), deadline) != HELLO:
                 log.debug("%s: bulk connection from %s did not say hello", self._task, peer)
                 return
-            conn.sendall(HELLO)
-            conn.settimeout(None)
             caller = self._caller(conn)
+            counted = self._count(caller.uri if caller else str(peer[0]))
+            conn.sendall(HELLO)
             while not self.closed:
                 self._one(conn, caller)
         except EOFError:
             pass  # the client closed its connection (between calls, or it stopped)
+        except _Dropped as err:
+            self._warn(counted or str(peer[0]), type(err).__name__, "%s", err)
+        except TimeoutError as err:
+            self._warn(
+                counted or str(peer[0]),
+                "timeout",
+                "dropped a bulk connection of %s: %s (a call may stall %.0f s, "
+                "bulk.FRAME_SECONDS; a handshake %.0f s)",
+                counted or peer[0],
+                err or "stalled",
+                FRAME_SECONDS,
+                HANDSHAKE_SECONDS,
+            )
         except (OSError, ValueError) as err:  # ssl.SSLError is an OSError
             log.debug("%s: bulk connection from %s: %s", self._task, peer, err)
         finally:
@@ -303,6 +404,22 @@ class BulkServer:
                 self._connections.discard(raw)
                 self._connections.discard(conn)
                 self._threads.discard(threading.current_thread())
+                if counted:
+                    self._per_peer[counted] -= 1
+                    if not self._per_peer[counted]:
+                        del self._per_peer[counted]
+
+    def _count(self, who: str) -> str:
+        """Counts a connection of `who` (its identity, or its address), or drops it when `who`
+        has `MAX_PEER_CONNECTIONS` open already."""
+        with self._lock:
+            if self._per_peer[who] >= MAX_PEER_CONNECTIONS:
+                raise _Dropped(
+                    f"refused a bulk connection of {who}: it has {MAX_PEER_CONNECTIONS} open, "
+                    "the most a peer may (bulk.MAX_PEER_CONNECTIONS); it goes on over gRPC"
+                )
+            self._per_peer[who] += 1
+        return who
 
     def _caller(self, conn: socket.socket) -> Identity | None:
         if not isinstance(conn, ssl.SSLSocket):
@@ -315,17 +432,34 @@ class BulkServer:
                     return found
         return None
 
+    def _bounds(self, size: int, nbytes: int) -> None:
+        """Drops a call claiming more than the ps's shards could ever need (asked of the
+        shards only for a large claim: a step's calls cost nothing here)."""
+        if size <= SMALL_MESSAGE_BYTES and nbytes <= SMALL_TENSOR_BYTES:
+            return
+        bounds = Bounds.of(self._placed())
+        if size > bounds.message_bytes or nbytes > bounds.tensor_bytes:
+            raise _Dropped(
+                f"dropped a bulk call of {size} message and {nbytes} tensor bytes: this ps's "
+                f"shards need at most {bounds.message_bytes} and {bounds.tensor_bytes}"
+            )
+
     def _one(self, conn: socket.socket, caller: Identity | None) -> None:
         """Serves one call; EOFError when the client closed the connection before it."""
         prefix = bytearray(PREFIX.size)
-        first = conn.recv_into(prefix, PREFIX.size)
+        conn.settimeout(IDLE_SECONDS)
+        try:
+            first = conn.recv_into(prefix, PREFIX.size)
+        except TimeoutError:
+            raise EOFError(f"idle for {IDLE_SECONDS:.0f} s") from None
         if not first:
             raise EOFError("closed between calls")
-        _recv_exact(conn, memoryview(prefix)[first:])
+        deadline = time.monotonic() + FRAME_SECONDS
+        _recv_exact(conn, memoryview(prefix)[first:], deadline)
         method, size, nbytes = PREFIX.unpack(prefix)
-        if size > MAX_MESSAGE_BYTES:
-            raise ValueError(f"a {size}-byte message; at most {MAX_MESSAGE_BYTES} are read")
-        message = _recv_bytes(conn, size)
+        self._bounds(size, nbytes)
+        message = _recv_bytes(conn, size, deadline + size / (1 << 20))
+        conn.settimeout(FRAME_SECONDS)  # the tensor bytes and the reply: no longer a stall
         incoming = _Incoming(conn, tensor_pb2.FrameHeader(), nbytes)
         try:
             reply = self._call(conn, method, message, incoming, caller)
@@ -349,30 +483,32 @@ class BulkServer:
         name = METHODS.get(method)
         if name is None:
             raise _Abort(grpc.StatusCode.UNIMPLEMENTED, f"no bulk method {method}", "")
-        if self._tls is not None:
-            if caller is None:
-                raise _Abort(
-                    grpc.StatusCode.UNAUTHENTICATED, "a jaxps task certificate is required", ""
-                )
-            path = f"/{authz.PS_SERVICE}/{name}"
-            if not authz.allowed(path, caller, job=self._job, chief=self._chief):
-                raise _Abort(grpc.StatusCode.PERMISSION_DENIED, "not allowed", "")
-        context = _Context(conn, self)
-        request: Any
-        try:
-            if method == READ:
-                if incoming.nbytes:
-                    raise _Abort(
-                        grpc.StatusCode.INVALID_ARGUMENT, "Read: a read carries no tensors", ""
-                    )
-                request = ps_pb2.ReadRequest.FromString(message)
-            else:
+        parsed: list[Any] = []
+
+        def claimed() -> str:
+            try:
+                if method == READ:
+                    parsed.append(ps_pb2.ReadRequest.FromString(message))
+                    return str(parsed[0].id.task)
                 incoming.header = tensor_pb2.FrameHeader.FromString(message)
-                request = incoming
-        except DecodeError:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: not a request", "") from None
+            except DecodeError:
+                raise _Abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"{name}: not a request", ""
+                ) from None
+            parsed.append(incoming)
+            return str(incoming.header.id.task)
+
+        if self._gate is None:
+            claimed()
+        else:
+            refused = self._gate.refusal(f"/{authz.PS_SERVICE}/{name}", caller, claimed)
+            if refused is not None:
+                raise _Abort(grpc.StatusCode[refused.code], refused.details, "")
+        if method == READ and incoming.nbytes:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "Read: a read carries no tensors", "")
+        context = _Context(conn, self)
         try:
-            reply: streams.Reply = getattr(self._servicer, name)(request, context)
+            reply: streams.Reply = getattr(self._servicer, name)(parsed[0], context)
         except _Abort:
             raise
         except (OSError, EOFError):
@@ -422,7 +558,7 @@ class Peer:
         self._asked = 0.0  # when the client last asked the ps for its port (monotonic)
         self._unreachable = (0, 0.0)  # a port found unreachable, and until when it is left alone
         self._lock = threading.Lock()
-        self._idle: list[socket.socket] = []
+        self._idle: list[tuple[socket.socket, float]] = []  # and when each was given back
         self._busy: set[socket.socket] = set()
         self._closed = False
 
@@ -437,7 +573,7 @@ class Peer:
             if port == self.port:
                 return
             self.port, stale, self._idle = port, self._idle, []
-        for conn in stale:
+        for conn, _ in stale:
             conn.close()
 
     def wants_port(self) -> bool:
@@ -504,11 +640,11 @@ class Peer:
                 raise BulkError(grpc.StatusCode.CANCELLED, "the client is closed")
             port = self.port
             while self._idle:
-                conn = self._idle.pop()
-                if not _hung_up(conn):
+                conn, since = self._idle.pop()
+                if time.monotonic() - since < IDLE_SECONDS / 2 and not _hung_up(conn):
                     self._busy.add(conn)
                     return conn
-                conn.close()
+                conn.close()  # the ps closes it soon, or did
         try:
             conn = self._connect(port)
         except (OSError, EOFError, ValueError) as err:
@@ -550,7 +686,7 @@ class Peer:
         with self._lock:
             self._busy.discard(conn)
             if reusable and not self._closed:
-                self._idle.append(conn)
+                self._idle.append((conn, time.monotonic()))
                 return
         conn.close()
 
@@ -559,7 +695,7 @@ class Peer:
         with self._lock:
             self._closed = True
             idle, busy, self._idle = self._idle, list(self._busy), []
-        for conn in idle:
+        for conn, _ in idle:
             conn.close()
         for conn in busy:
             with contextlib.suppress(OSError):

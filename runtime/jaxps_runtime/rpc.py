@@ -16,14 +16,16 @@ either way. Both framings are one method to authorization.
 Channels and servers lift grpc's 4 MiB receive limit on both ends (research pitfall 12).
 
 With a task's credentials (`credentials.TaskCredentials`), channels and servers are mutual
-TLS against the job's own CA, and a `Guard` makes every method of a service check the caller's
-certificate against `authz` before it runs: UNAUTHENTICATED without a jaxps identity,
-PERMISSION_DENIED for another job or a role the table does not allow; either way the reply says
-nothing about the job.
+TLS against the job's own CA, and a `Guard` makes every method of a service pass `authz.Gate`
+before it runs: UNAUTHENTICATED without a jaxps identity, PERMISSION_DENIED for another job or a
+role the table does not allow (the reply says nothing about the job; the request is not even
+parsed), and PERMISSION_DENIED naming both when the request speaks for another task than the
+caller's certificate.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +34,7 @@ import grpc
 from google.protobuf import descriptor, message
 
 from jaxps.v1 import coordinator_pb2, parameter_server_pb2, tensor_pb2
-from jaxps_runtime import authz, bulk, cluster, streams
+from jaxps_runtime import authz, bulk, cluster, codec, streams
 from jaxps_runtime.credentials import Identity, TaskCredentials
 
 UNLIMITED = -1
@@ -248,18 +250,11 @@ def _framed(spec: MethodSpec, behavior: Callable[..., Any]) -> Callable[..., Any
 
 @dataclass(frozen=True)
 class Guard:
-    """Authorizes every call of a server by the caller's certificate (mutual TLS only)."""
+    """Authorizes every call of a server by the caller's certificate (mutual TLS only), through
+    `authz.Gate`, the gate the bulk path's calls pass too."""
 
     job: str  # the job's id, as certificates name it
     chief: tuple[str, int]  # (role, index) of the job's chief
-
-    def check(self, context: grpc.ServicerContext, method: str) -> None:
-        """Aborts the call unless `authz` allows its caller."""
-        caller = peer_identity(context.peer_identities())
-        if caller is None:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "a jaxps task certificate is required")
-        if not authz.allowed(method, caller, job=self.job, chief=self.chief):
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, "not allowed")
 
     def wrap(
         self,
@@ -268,8 +263,11 @@ class Guard:
         *,
         parse: Callable[[bytes], Any] | None,
     ) -> Callable[..., Any]:
-        """`behavior` behind the check; requests (raw bytes) parsed only after it passed, a
-        message that does not parse refused as INVALID_ARGUMENT."""
+        """`behavior` behind the gate. A request (raw bytes) is parsed only once the caller's
+        role may call the method, then the task it speaks for must be the caller's: for a
+        stream, its first message's. A message that does not parse is INVALID_ARGUMENT."""
+        gate = authz.Gate(job=self.job, chief=self.chief)
+        frames = spec.request is None
 
         def read(context: grpc.ServicerContext, raw: bytes) -> Any:
             if parse is None:
@@ -279,11 +277,33 @@ class Guard:
             except message.DecodeError:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{spec.name}: not a request")
 
+        def task_of(context: grpc.ServicerContext, request: Any) -> str:
+            if not frames:
+                return str(request.id.task)
+            try:
+                return str(codec.decode(request).frame.header.id.task)
+            except codec.CodecError as err:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{spec.name}: {err}")
+                raise  # context.abort raises
+
         def guarded(request: Any, context: grpc.ServicerContext) -> Any:
-            self.check(context, spec.authz_path)
+            caller = peer_identity(context.peer_identities())
+            first: list[Any] = []  # the request, or a stream's first message, once read
+
+            def claimed() -> str:
+                raw = next(request, None) if spec.client_streaming else request
+                if raw is None:
+                    return ""  # an empty stream speaks for nobody
+                first.append(read(context, raw))
+                return task_of(context, first[0])
+
+            refused = gate.refusal(spec.authz_path, caller, claimed)
+            if refused is not None:
+                context.abort(grpc.StatusCode[refused.code], refused.details)
             if spec.client_streaming:
-                return behavior((read(context, r) for r in request), context)
-            return behavior(read(context, request), context)
+                rest = (read(context, r) for r in request)
+                return behavior(itertools.chain(first, rest), context)
+            return behavior(first[0], context)
 
         return guarded
 

@@ -44,9 +44,11 @@ def refusal(call: Callable[[], Any]) -> grpc.StatusCode:
     return code
 
 
-def status(channel: grpc.Channel) -> Any:
+def status(channel: grpc.Channel, task: str = "worker-0") -> Any:
+    """Status, speaking for `task` (the caller's own, or PERMISSION_DENIED)."""
     calls = rpc.PARAMETER_SERVER.callables(channel)
-    return calls["Status"](ps_pb2.StatusRequest(id=tensor_pb2.Identity(job_id=JOB)), timeout=5)
+    request = ps_pb2.StatusRequest(id=tensor_pb2.Identity(job_id=JOB, task=task))
+    return calls["Status"](request, timeout=5)
 
 
 def serving(address: str, creds: credentials.TaskCredentials) -> bool:
@@ -144,7 +146,7 @@ def test_strangers_and_wrong_roles_are_refused_while_the_job_trains_to_the_end(
             == grpc.StatusCode.PERMISSION_DENIED
         )
     with rpc.channel(ps0, ps1) as channel:
-        assert refusal(lambda: status(channel)) == grpc.StatusCode.PERMISSION_DENIED
+        assert refusal(lambda: status(channel, "ps-1")) == grpc.StatusCode.PERMISSION_DENIED
     # random bytes to every method, with a worker's certificate: refused, the ps serves on
     with rpc.channel(ps0, worker) as channel:
         for spec in rpc.PARAMETER_SERVER.methods.values():

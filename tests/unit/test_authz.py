@@ -120,3 +120,57 @@ def test_a_peer_is_the_first_jaxps_uri_among_its_verified_names() -> None:
     assert rpc.peer_identity([b"127.0.0.1", b"jaxps://j/ps"]) is None
     assert rpc.peer_identity([b"\xff\xfe"]) is None
     assert rpc.peer_identity(None) is None  # plaintext: no names at all
+
+
+def gate(chief: tuple[str, int] = ("worker", 0)) -> authz.Gate:
+    return authz.Gate(job="j", chief=chief)
+
+
+@pytest.mark.parametrize(
+    ("caller", "claimed"),
+    [
+        (who("worker", 1), "worker-1"),
+        (who("worker", 0), "worker-0"),  # the chief of a job without a chief task
+        (who("chief", 0), "chief-0"),
+        (who("evaluator", 0), "evaluator-0"),
+    ],
+    ids=["worker-1", "worker-0-as-chief", "chief", "evaluator"],
+)
+def test_a_request_speaking_for_the_callers_own_task_passes_the_gate(
+    caller: Identity, claimed: str
+) -> None:
+    chief = ("chief", 0) if caller.role == "chief" else ("worker", 0)
+    assert gate(chief).refusal(PS + "Read", caller, lambda: claimed) is None
+    assert gate(chief).refusal(COORDINATOR + "Heartbeat", caller, lambda: claimed) is None
+
+
+@pytest.mark.parametrize(
+    ("method", "claimed"),
+    [
+        (PS + "Update", "worker-1"),
+        (PS + "Update", ""),
+        (PS + "Read", "worker-0 "),
+        (COORDINATOR + "Heartbeat", "worker-1"),
+        (COORDINATOR + "Register", "evaluator-0"),
+    ],
+    ids=["push-as-another", "push-as-nobody", "read-as-a-lookalike", "heartbeat", "register"],
+)
+def test_a_request_speaking_for_another_task_is_permission_denied_naming_both(
+    method: str, claimed: str
+) -> None:
+    refused = gate().refusal(method, who("worker", 0), lambda: claimed)
+    assert refused is not None
+    assert refused.code == "PERMISSION_DENIED"
+    assert repr(claimed) in refused.details
+    assert "'worker-0'" in refused.details
+
+
+def test_a_request_is_not_read_before_the_callers_role_is_allowed() -> None:
+    def never() -> str:
+        raise AssertionError("the request was read")
+
+    assert gate().refusal(PS + "Shutdown", who("worker", 1), never) == authz.NOT_ALLOWED
+    assert gate().refusal(PS + "Read", who("ps", 0), never) == authz.NOT_ALLOWED
+    assert gate().refusal(PS + "Read", None, never) == authz.UNAUTHENTICATED
+    other = who("worker", 0, job="another")
+    assert gate().refusal(PS + "Read", other, never) == authz.NOT_ALLOWED
