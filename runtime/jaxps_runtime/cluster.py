@@ -382,15 +382,21 @@ def bulk_on(environ: Mapping[str, str]) -> bool:
 
 def setting_problem(name: str, value: str, *, task_type: str) -> str | None:
     """What a task of `task_type` refuses in one of the runtime's own variables that a pod
-    template may set (JAXPS_LOG_LEVEL, JAXPS_BULK; JAXPS_PS_XLA_THREADS, read by a ps only), as
-    "NAME: got ...; expected ...", or None. The runtime exits 2 with it; the control plane
-    fails the job with it before any pod starts."""
+    template may set (JAXPS_LOG_LEVEL, JAXPS_BULK, JAXPS_METRICS_ADDRESS; JAXPS_PS_XLA_THREADS,
+    read by a ps only), as "NAME: got ...; expected ...", or None. The runtime exits 2 with it;
+    the control plane fails the job with it before any pod starts."""
     if name == "JAXPS_LOG_LEVEL" and value.upper() not in LOG_LEVELS:
         return f"{name}: got {_show(value)}; expected one of {', '.join(LOG_LEVELS)} (any case)"
     if name == "JAXPS_BULK" and value.lower() not in BULK_SETTINGS:
         return (
             f"{name}: got {_show(value)}; expected on (the default: Read and Update on the "
             "bulk path) or off (on gRPC), any case"
+        )
+    if name == "JAXPS_METRICS_ADDRESS" and not _ip_address(value):
+        return (
+            f"{name}: got {_show(value)}; expected the IP address the task's metrics and "
+            "health port listens on, without brackets or port (default: the pod's IP), e.g. "
+            "10.1.2.3, fd00::3, or 0.0.0.0 or :: for all interfaces"
         )
     if (
         name == "JAXPS_PS_XLA_THREADS"
@@ -402,6 +408,14 @@ def setting_problem(name: str, value: str, *, task_type: str) -> str | None:
             "updates; more: XLA's own pool, as many threads as the ps may use CPUs)"
         )
     return None
+
+
+def _ip_address(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
 
 
 def free_ports(count: int) -> list[int]:
