@@ -161,7 +161,10 @@ class Metrics:
             host, why = listen_host(os.environ)
         else:
             why = "given"
-        problem = cluster.setting_problem(ADDRESS_ENV, host, task_type="") if host else None
+        # the setting is checked here too: a value from `valueFrom` reaches no control plane
+        problem = (
+            cluster.setting_problem(ADDRESS_ENV, host, task_type="") if why == ADDRESS_ENV else None
+        )
         if problem is not None:
             log.error("metrics: %s; metrics and health are off", problem)
             return None

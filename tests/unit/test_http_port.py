@@ -388,6 +388,14 @@ def test_a_bad_address_setting_turns_the_port_off_naming_it(
     assert 'JAXPS_METRICS_ADDRESS: got "pod.example:9090"' in caplog.text
 
 
+def test_an_empty_address_setting_is_refused_too(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(task_metrics.ADDRESS_ENV, "")
+    assert task_metrics.Metrics(task="worker-0").serve(0) is None
+    assert 'JAXPS_METRICS_ADDRESS: got ""' in caplog.text
+
+
 @pytest.mark.parametrize("value", ["10.1.2.3", "0.0.0.0", "::", "fd00::3", "127.0.0.1"])
 def test_an_ip_address_is_a_good_address_setting(value: str) -> None:
     assert cluster.setting_problem("JAXPS_METRICS_ADDRESS", value, task_type="ps") is None
