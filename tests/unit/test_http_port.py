@@ -302,6 +302,30 @@ def test_the_port_listens_on_the_address_given_and_no_other() -> None:
         m.close()
 
 
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback here")
+def test_an_ipv6_pod_address_is_listened_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(task_metrics.ADDRESS_ENV, raising=False)
+    monkeypatch.setenv(task_metrics.POD_IP_ENV, "::1")
+    m = task_metrics.Metrics(task="ps-0")
+    port = m.serve(0)
+    assert port is not None
+    try:
+        with socket.create_connection(("::1", port), timeout=SECONDS + SLACK) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert status_of(read_to_close(sock, wait=SECONDS + SLACK)) == 200
+    finally:
+        m.close()
+
+
 @pytest.mark.parametrize(
     ("environ", "host"),
     [
