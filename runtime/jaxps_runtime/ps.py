@@ -4,6 +4,12 @@ The servicer holds no state of its own beyond the `ParameterStore` (see its thre
 contract): grpc may run any number of its methods at once. Every request is checked at the
 edge (job id, incarnation, epoch, state, shard names, shapes, chunk bounds) and refused with a
 status code and a message naming what was wrong; a refused request changes nothing.
+
+Data requests are checked for meaning too, before any of their tensor bytes is read, whichever
+path (gRPC or `bulk`) brought them: a step the mode allows, a min_step that can come, each
+name once and at most as many as this ps holds (in linear time: a peer chooses the count),
+the placement's shapes and dtypes, rows only of tables and within them. What no honest worker
+sends is INVALID_ARGUMENT (an Update's with reason `policy.INVALID_REQUEST`, counted).
 """
 
 from __future__ import annotations
