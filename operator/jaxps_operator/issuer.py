@@ -2,11 +2,14 @@
 
     issue(job, network) -> {"ca.crt": ..., "<pod>.crt": ..., "<pod>.key": ...}
 
-Each task's certificate names the host its peers dial (the host of its address in TF_CONFIG:
-its DNS name on Kubernetes, 127.0.0.1 locally) and its identity `jaxps://<job uid>/<role>/<i>`
-(`jaxps_runtime.credentials`). The CA's key is dropped once the tasks are issued: nobody can
-add a task to the job later, and nothing keeps it. Not pure (fresh keys); the reconcile pass
-calls it through the `Cluster` only when the job has no credentials yet.
+Each task gets two certificates for one key (`jaxps_runtime.credentials`), both in its
+`<pod>.crt`: a client certificate naming its identity `jaxps://<job uid>/<role>/<i>`, and a
+server certificate that names neither the job nor the task, only a hash of the job's CA and the
+host its peers dial (the host of its address in TF_CONFIG: its DNS name on Kubernetes, 127.0.0.1
+locally), which is all a stranger who connects gets to see. The CA's key is dropped once the
+tasks are issued: nobody can add a task to the job later, and nothing keeps it. Not pure (fresh
+keys); the reconcile pass calls it through the `Cluster` only when the job has no credentials
+yet.
 """
 
 from __future__ import annotations

@@ -19,9 +19,10 @@ messages (a `ReadRequest`; a `FrameHeader` and the tensors' bytes), the same
 A call that cannot use it (no port known, or the connection failed: the port is forgotten until
 the next Status) goes over gRPC, which always works. With the task's credentials the socket is
 mutual TLS against the job's CA (Python's ssl, with the checks gRPC makes: the server's
-certificate names the host dialled, the client's is of the job's CA) and every call passes
-`authz.Gate`, the gate of its gRPC twin: the caller's role, then the task its request speaks for
-must be its own. In plaintext nobody has an identity, as on gRPC, and nothing is checked.
+certificate carries the name of the host dialled, the client's is of the job's CA) and every
+call passes `authz.Gate`, the gate of its gRPC twin: the caller's role, then the task its
+request speaks for must be its own. In plaintext nobody has an identity, as on gRPC, and nothing
+is checked.
 
 No peer can hold a ps's resources here. A connection is one thread, and there are at most
 `MAX_CONNECTIONS` (in total, handshakes included) and `MAX_PEER_CONNECTIONS` per caller
@@ -554,6 +555,7 @@ class Peer:
         self.host = split_host(address)
         self._enabled = enabled  # False: the port is never learned, every call goes on gRPC
         self._tls = credentials.ssl_context(server=False) if credentials and enabled else None
+        self._server_name = credentials.server_name(self.host) if credentials else self.host
         self.port = 0
         self._asked = 0.0  # when the client last asked the ps for its port (monotonic)
         self._unreachable = (0, 0.0)  # a port found unreachable, and until when it is left alone
@@ -673,7 +675,7 @@ class Peer:
         try:
             _tune(conn)
             if self._tls is not None:  # the plain socket is detached: conn is all there is
-                conn = self._tls.wrap_socket(conn, server_hostname=self.host)
+                conn = self._tls.wrap_socket(conn, server_hostname=self._server_name)
             conn.sendall(HELLO)
             if _recv_bytes(conn, len(HELLO)) != HELLO:
                 raise ValueError(f"{self.host}:{port} is no jaxps bulk listener")

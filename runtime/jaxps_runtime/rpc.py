@@ -339,10 +339,10 @@ def add_port(server: grpc.Server, where: str, credentials: TaskCredentials | Non
 
 
 def server_credentials(credentials: TaskCredentials) -> grpc.ServerCredentials:
-    """Serves with the task's certificate; only clients with a certificate of the job's CA
-    complete the handshake."""
+    """Serves with the task's server certificate (which names nothing a stranger could use);
+    only clients with a certificate of the job's CA complete the handshake."""
     return grpc.ssl_server_credentials(
-        [(credentials.key, credentials.cert)],
+        [(credentials.key, credentials.server_cert)],
         root_certificates=credentials.ca,
         require_client_auth=True,
     )
@@ -363,12 +363,17 @@ COORDINATOR = ServiceSpec.from_descriptor(
 def channel(address: str, credentials: TaskCredentials | None = None) -> grpc.Channel:
     """A channel to a peer with jaxps' options (one per peer, reuse it): mutual TLS with the
     task's credentials (the peer must present a certificate of the job's CA for the address
-    dialled), plaintext without."""
+    dialled: `TaskCredentials.server_name` of its host), plaintext without."""
     if credentials is None:
         return grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
     tls = grpc.ssl_channel_credentials(
         root_certificates=credentials.ca,
         private_key=credentials.key,
-        certificate_chain=credentials.cert,
+        certificate_chain=credentials.client_cert,
     )
-    return grpc.secure_channel(address, tls, options=list(CHANNEL_OPTIONS))
+    host = bulk.split_host(address)
+    name = credentials.server_name(host)
+    options: list[tuple[str, int | str]] = list(CHANNEL_OPTIONS)
+    if name != host:
+        options.append(("grpc.ssl_target_name_override", name))
+    return grpc.secure_channel(address, tls, options=options)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 from jaxps_runtime import authz, credentials, rpc
 from jaxps_runtime.credentials import Identity
@@ -174,3 +175,29 @@ def test_a_request_is_not_read_before_the_callers_role_is_allowed() -> None:
     assert gate().refusal(PS + "Read", None, never) == authz.UNAUTHENTICATED
     other = who("worker", 0, job="another")
     assert gate().refusal(PS + "Read", other, never) == authz.NOT_ALLOWED
+
+
+def test_a_server_certificate_names_neither_job_nor_task_and_a_client_one_only_its_task() -> None:
+    ca = credentials.authority("uid-1")
+    issued = credentials.issue(ca, who("ps", 3, job="uid-1"), hosts=["tj-ps-3.tj.ns.svc"])
+    server = x509.load_pem_x509_certificate(issued.server_cert)
+    client = x509.load_pem_x509_certificate(issued.client_cert)
+    shown = f"{server.subject} {server.issuer} {server.extensions}"
+    for secret in ("uid-1", "ps-3", "/ps/", "tj-ps-3", "jaxps://"):
+        assert secret not in shown, secret
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == [issued.server_name("tj-ps-3.tj.ns.svc")]
+    uris = client.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert uris.get_values_for_type(x509.UniformResourceIdentifier) == ["jaxps://uid-1/ps/3"]
+    assert issued.identity() == who("ps", 3, job="uid-1")
+
+
+def test_a_server_name_depends_on_the_host_and_the_job_and_old_credentials_check_the_host() -> None:
+    ca, other = credentials.authority("j"), credentials.authority("j")
+    names = {credentials.server_name(c.cert, h) for c in (ca, other) for h in ("a", "b")}
+    assert len(names) == 4
+    assert all(n.endswith(".jaxps.invalid") and len(n.split(".")[0]) == 32 for n in names)
+    issued = credentials.issue(ca, who("worker", 0), hosts=["127.0.0.1"])
+    legacy = credentials.TaskCredentials(ca=issued.ca, cert=issued.client_cert, key=issued.key)
+    assert legacy.server_name("127.0.0.1") == "127.0.0.1"
+    assert legacy.server_cert == legacy.client_cert
