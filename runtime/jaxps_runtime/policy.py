@@ -55,16 +55,15 @@ class Mode:
     max_staleness: int = 0  # bounded staleness
     last_step: int = 0  # pushes refused from this step on; 0 = no limit
 
-    def read_step_problem(self, min_step: int) -> str | None:
-        """What is wrong with waiting for `min_step`, or None: a negative step, or one past the
-        last step, which never comes (the wait would hold a ps thread until the caller gives
-        up). With no last step, any step may still come."""
+    def read_step_problem(self, min_step: int, *, what: str = "min_step") -> str | None:
+        """What is wrong with waiting for step `min_step` (a Read's, or a Save's: `what`), or
+        None: a negative step, or one past the last step, which never comes (the wait would
+        hold a ps thread until the caller gives up). With no last step, any step may come."""
         if min_step < 0:
-            return f"min_step {min_step} is negative"
+            return f"{what} {min_step} is negative"
         if self.last_step and min_step > self.last_step:
             return (
-                f"min_step {min_step} is past the last step {self.last_step}; the ps never "
-                "gets there"
+                f"{what} {min_step} is past the last step {self.last_step}; the ps never gets there"
             )
         return None
 

@@ -209,6 +209,9 @@ class ParameterServicer:
         store.check(request.id, method="Save")
         if not request.directory:
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT, "Save.directory: empty")
+        problem = store.mode.read_step_problem(request.step, what="step")
+        if problem is not None:
+            raise PsError(grpc.StatusCode.INVALID_ARGUMENT, f"Save.step: {problem}")
         snapshot = store.snapshot_at(request.step, is_active=context.is_active)
         path = Path(request.directory) / f"{store.task}.npz"
         started = time.perf_counter()

@@ -18,7 +18,7 @@ import pytest
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime import bulk, codec, config, credentials, launch, placement, rpc
-from jaxps_runtime.client import PsClient
+from jaxps_runtime.client import PsClient, PsClientError
 from jaxps_runtime.policy import Mode
 from tests.process.waiting import wait_for
 
@@ -261,6 +261,20 @@ def test_a_read_that_means_nothing_is_refused_at_once(
     for part in names:
         assert part in details, (part, details)
     _unchanged(chief)
+    chief.close()
+
+
+def test_a_save_for_a_step_past_the_last_one_is_refused_at_once(
+    one_ps: launch.LocalPs, tmp_path: Path
+) -> None:
+    chief = _chief(one_ps)
+    started = time.monotonic()
+    with pytest.raises(PsClientError) as caught:
+        chief.save(step=FAR, directory=str(tmp_path), timeout=30)
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details
+    assert f"Save.step: step {FAR} is past the last step {LAST_STEP}" in caught.value.details
+    assert time.monotonic() - started < 5
+    assert not list(tmp_path.iterdir())
     chief.close()
 
 

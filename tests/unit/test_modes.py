@@ -287,3 +287,9 @@ def test_an_unknown_shard_is_an_invalid_argument_naming_it(store: ParameterStore
     with pytest.raises(PsError, match="holds no shard 'nope'") as caught:
         store.held("nope", where="Update.tensors[0]")
     assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_save_may_wait_for_the_last_step_and_no_further() -> None:
+    mode = Mode(last_step=100)
+    assert mode.read_step_problem(100, what="step") is None
+    assert (mode.read_step_problem(101, what="step") or "").startswith("step 101 is past")
