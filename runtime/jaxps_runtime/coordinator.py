@@ -132,7 +132,13 @@ def _abort_other_job(
 
 
 class CoordinatorServicer:
-    """Serves `jaxps.v1.Coordinator` from a `Membership`."""
+    """Serves `jaxps.v1.Coordinator` from a `Membership`.
+
+    With mutual TLS, `rpc.Guard` (`authz.Gate`) lets a Register or Heartbeat through only when
+    its `id.task` is the caller's own certificate identity, so a member's liveness, step and
+    done are only ever recorded by that task itself. In plaintext nobody has an identity and
+    any task may speak for any other: that mode trusts its network.
+    """
 
     def __init__(self, membership: Membership, *, task: str) -> None:
         self.membership = membership
