@@ -40,9 +40,9 @@ from jaxps_runtime.policy import (
 from jaxps_runtime.shards import STATE_NAMES, Held, ParameterStore, finite
 
 log = logging.getLogger(__name__)
-# The most row ids one tensor of gradient rows (or one selection of a Read) may carry beyond
-# its shard's own row count: ids may repeat (the ps sums them), so a batch may name more ids
-# than a small table has rows; beyond this many the request is refused, whatever the table.
+# One tensor of gradient rows (or one selection of a Read) carries at most its shard's row
+# count of ids, or this many if more: ids may repeat (the ps sums them), so a batch may name
+# more ids than a small table has rows.
 ROWS_PER_TENSOR = 1 << 16
 
 
@@ -310,8 +310,8 @@ class ParameterServicer:
 
         The header is checked for meaning before any tensor byte is read: at most as many
         tensors as this ps holds, each named once; each a held shard of its dtype and shape,
-        by rows only where the chief declared a table (and the rows in range, at most
-        `ROWS_PER_TENSOR` beyond the shard's), whole elsewhere; a step the mode allows
+        by rows only where the chief declared a table (the ids in range, at most the shard's
+        rows or `ROWS_PER_TENSOR`, whichever is more), whole elsewhere; a step the mode allows
         (`Policy.step_problem`) and a then_read min_step that can come. Any of these is
         INVALID_ARGUMENT with reason `INVALID_REQUEST` and changes nothing."""
         store = self.store
