@@ -30,11 +30,10 @@ identity (per address in plaintext); one over either is closed with a warning in
 and its client goes on over gRPC. A handshake may stall `HANDSHAKE_SECONDS`, a call in progress
 (its prefix and message, its tensor bytes, the reply's sending) `FRAME_SECONDS` without a byte
 moving, and the prefix and message together take at most `FRAME_SECONDS` plus a second per MiB;
-a connection waits `IDLE_SECONDS` for its next call. Past any of these it is closed. A message
-is at most what the ps's shards could ever need (`Bounds`: their row ids twice over and 1 MiB),
-a call's tensor bytes at most twice its shards' bytes and 64 MiB; a larger claim closes the
-connection before anything is allocated or read for it. A peer that trickles a byte every few
-seconds is bounded by the caps, not by the timeouts.
+a connection waits `IDLE_SECONDS` for its next call. Past any of these it is closed. A call's
+message and tensor bytes are at most what the ps's shards could ever need (`Bounds`); a larger
+claim closes the connection before anything is allocated or read for it. A peer that trickles
+a byte every few seconds is bounded by the caps, not by the timeouts.
 
 Wire format (little-endian; one call at a time on a connection, a connection per call in flight):
 
@@ -93,6 +92,7 @@ MAX_CONNECTIONS = 256  # open at once, handshakes included; also the most thread
 MAX_PEER_CONNECTIONS = 32  # open at once per caller identity (per address in plaintext)
 SMALL_MESSAGE_BYTES = 1 << 20  # a message this size needs no look at the ps's shards
 SMALL_TENSOR_BYTES = 64 << 20  # nor do tensor bytes this size
+ROWS_PER_TENSOR = 1 << 16  # ps.ROWS_PER_TENSOR (a unit test keeps them equal): see `Bounds`
 REFUSAL_LOG_SECONDS = 10.0  # one warning per peer and reason this often, however many refusals
 CLOSE_SECONDS = 5.0  # the longest `BulkServer.close` waits for its threads
 RETRY_PORT_AFTER = 2.0  # seconds between Status calls that ask a ps for its bulk port again
@@ -236,17 +236,25 @@ class _Incoming(_Socketed):
 
 @dataclass(frozen=True)
 class Bounds:
-    """The largest call a ps could ever need, from the shards it holds (`streams.Spec`s)."""
+    """The largest call a ps could ever need, from the shards it holds (`streams.Spec`s): each
+    tensor of a call carries at most its shard's row count of row ids and rows, or
+    `ROWS_PER_TENSOR` if more (ids may repeat: the ps's own bound), twice over, plus 1 MiB of
+    names and shapes and 64 MiB of tensor bytes."""
 
-    message_bytes: int  # a ReadRequest or FrameHeader: every shard's row ids twice, and 1 MiB
-    tensor_bytes: int  # a call's tensor bytes: twice every shard's bytes, and 64 MiB
+    message_bytes: int
+    tensor_bytes: int
 
     @classmethod
     def of(cls, specs: Sequence[streams.Spec]) -> Bounds:
-        rows = sum(s.shape[0] if s.shape else 1 for s in specs)
+        ids = values = 0
+        for spec in specs:
+            rows = spec.shape[0] if spec.shape else 1
+            most = max(rows, ROWS_PER_TENSOR)
+            ids += 8 * most
+            values += most * (spec.nbytes // rows if rows else 0)
         return cls(
-            message_bytes=min(SMALL_MESSAGE_BYTES + 16 * rows, MAX_MESSAGE_BYTES),
-            tensor_bytes=SMALL_TENSOR_BYTES + 2 * sum(s.nbytes for s in specs),
+            message_bytes=min(SMALL_MESSAGE_BYTES + 2 * ids, MAX_MESSAGE_BYTES),
+            tensor_bytes=SMALL_TENSOR_BYTES + 2 * values,
         )
 
 

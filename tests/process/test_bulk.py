@@ -18,7 +18,7 @@ import pytest
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import bulk, cluster, config, launch, placement
+from jaxps_runtime import bulk, cluster, config, launch, placement, streams
 from jaxps_runtime.client import PsClient, PsClientError
 
 pytestmark = pytest.mark.process
@@ -126,6 +126,18 @@ def test_a_peer_breaking_the_protocol_is_refused_and_changes_nothing(
     with _connect(port) as conn:
         conn.sendall(PREFIX.pack(bulk.READ, bulk.MAX_MESSAGE_BYTES + 1, 0))
         assert _closed(conn)
+    # a claim beyond what this ps's one shard could ever need, message or tensor bytes: closed
+    # at once, before a byte of it is read
+    bounds = bulk.Bounds.of([streams.Spec(shard.name, tuple(shard.shape), np.dtype(np.float32))])
+    for method, size, nbytes in (
+        (bulk.READ, bounds.message_bytes + 1, 0),
+        (bulk.UPDATE, 10, bounds.tensor_bytes + 1),
+        (bulk.UPDATE, 10, 1 << 62),
+    ):
+        with _connect(port) as conn:
+            conn.settimeout(bulk.FRAME_SECONDS / 2)  # sooner than any timeout of the ps's
+            conn.sendall(PREFIX.pack(method, size, nbytes) + b"\0" * 10)
+            assert _closed(conn), (method, size, nbytes)
     with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
         conn.sendall(b"GET / HTTP/1.1\r\n\r\n")
         assert _closed(conn)
