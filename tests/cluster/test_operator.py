@@ -460,7 +460,11 @@ def test_a_pod_the_scheduler_cannot_place_is_named_then_fails_the_job_past_its_t
     ready = next(c for c in conditions if c["type"] == "PodsReady")
     assert (ready["status"], ready["reason"]) == ("False", "Unschedulable")
     assert ready["message"].startswith(f"pod {name} (")
-    warnings = [e for e in jobs.events("mnist") if e["reason"] == "Unschedulable"]
-    assert failed["message"] in [e["message"] for e in warnings]  # Events: 1 s resolution
-    assert all(e["type"] == "Warning" for e in warnings)
+    # the pass writes the status, then posts its Events: wait for them, not just the status
+
+    def warnings() -> list[dict[str, Any]] | None:
+        found = [e for e in jobs.events("mnist") if e["reason"] == "Unschedulable"]
+        return found if failed["message"] in [e["message"] for e in found] else None
+
+    assert all(e["type"] == "Warning" for e in wait_for(warnings, what="the Failed Event"))
     wait_for(lambda: not jobs.pods("mnist"), what="the pending pods to be deleted")
