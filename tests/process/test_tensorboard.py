@@ -120,3 +120,27 @@ def test_a_chief_stopped_by_sigterm_closes_its_event_file(
 
     loss = read(board / "train")["loss"]
     assert last in steps(loss), (last, loss)
+
+
+def test_the_training_curve_gets_a_point_every_summary_interval_not_every_log_tick(
+    jobs: list[launch.LocalJob], tmp_path: Path
+) -> None:
+    """The log tick (`logEverySeconds`, 30 s here) used to set the curve's points: a job of a
+    few seconds got one. Now a point each time the global step crosses a multiple of
+    `summaryEverySteps`, as the chief sees the step (every 0.1 s here)."""
+    board = tmp_path / "tensorboard"
+    training = {
+        **TRAINING,
+        "logEverySeconds": 30,
+        "summaryEverySteps": 10,
+        "tensorboard": {"dir": str(board), "flushSeconds": 1},
+    }
+    job = launch.LocalJob.start(training=training, log_dir=tmp_path / "logs", ps=1, workers=2)
+    jobs.append(job)
+    codes = job.wait(timeout=300)
+    assert all(code == 0 for code in codes.values()), f"{codes}\n{job.logs()}"
+    ticks = steps(read(board / "train")["steps/s"])
+    intervals = [step // 10 for step in ticks]
+    assert intervals == sorted(set(intervals)), ticks  # at most one point per interval
+    assert ticks[-1] == 600, ticks
+    assert len(ticks) >= 4, ticks  # one per interval the chief saw go by, not one per 30 s
