@@ -278,6 +278,12 @@ def test_a_save_for_a_step_past_the_last_one_is_refused_at_once(
     chief.close()
 
 
+def _names(count: int) -> list[tensor_pb2.TensorSpec]:
+    """`count` one-element tensors, the last one repeating the one before it."""
+    names = [f"['v{i}']/0" for i in range(count - 1)]
+    return [_spec(n, [1]) for n in [*names, names[-1]]]
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / 100  # utime + stime, in clock ticks
@@ -289,8 +295,7 @@ def test_ten_thousand_and_one_names_cost_the_ps_next_to_nothing(
 ) -> None:
     chief = _chief(one_ps)
     port = chief.status(0).bulk_port
-    names = [f"['v{i}']/0" for i in range(10_000)] + ["['v9999']/0"]  # the repeat comes last
-    tensors = [_spec(n, [1]) for n in names]
+    tensors = _names(10_001)
     header = tensor_pb2.FrameHeader(id=chief.identity(0), tensors=tensors)
     data = _payload(tensors)
     send = TRANSPORTS[transport].update
@@ -361,7 +366,7 @@ def test_a_worker_with_its_own_certificate_is_refused_every_meaningless_request_
         "a wrong shape": ([_spec(kernel.name, [rows + 1, cols])], 0),
         "a wrong dtype": ([_spec(kernel.name, [rows, cols], "float64")], 0),
         "an unknown name": ([_spec("['nope']/0", [rows, cols])], 0),
-        "10,001 names": ([good] * 10_001, 0),
+        "10,001 names": (_names(10_001), 0),
     }
 
     def grpc_update(header: tensor_pb2.FrameHeader, data: bytes) -> None:
