@@ -149,11 +149,12 @@ class ParameterServicer:
             by_rows=by_rows,
         )
         log.info(
-            "%s: init epoch %d step %d, %d shards, optimizer %s, mode %s, workers %s",
+            "%s: init epoch %d step %d, %d shards (%s), optimizer %s, mode %s, workers %s",
             self.store.task,
             request.id.cluster_epoch,
             request.step,
             len(specs),
+            "tables undeclared" if by_rows is None else f"{len(by_rows)} updated by rows",
             optimizer.to_json(),
             ps_pb2.TrainingMode.Name(request.mode),
             list(request.workers),
