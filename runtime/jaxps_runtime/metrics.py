@@ -15,10 +15,10 @@ more than that, and nothing on this port changes the task.
 The port answers GET and HEAD of those three paths only (404 for another path, 405 for another
 method) and reads no request body. It listens on the task's own address (`listen_host`: the
 pod's IP, which the kubelet's probes, the operator and the API server's pod proxy reach), not
-on every interface of the node's network namespace, and holds no client for long (`Limits`): a
-request line and headers must come whole within a few seconds, and connections over a cap are
-closed at once, so that a peer holding half-sent requests neither starves the kubelet's probes
-nor grows the task's threads without bound.
+on every interface of the pod, and holds no client for long (`Limits`): a request line and
+headers must come whole within a few seconds, and connections over a cap (in all, and per
+client address) are closed at once, so that a peer holding half-sent requests neither starves
+the kubelet's probes nor grows the task's threads without bound.
 """
 
 from __future__ import annotations
@@ -71,6 +71,9 @@ class Limits:
     """The request line and headers together."""
     connections: int = 64
     """Open at once, each with its thread; the next one is answered 503 and closed."""
+    per_client: int = 8
+    """Open at once from one client address: a peer that fills its share leaves the rest to
+    the kubelet (the node's address), the operator and Prometheus."""
 
 
 LIMITS = Limits()
@@ -266,16 +269,18 @@ def _url(host: str, port: int) -> str:
 
 class _Server(ThreadingWSGIServer):
     """prometheus_client's threaded WSGI server, with `Limits`: at most `connections` at once
-    (a connection over it is answered 503 and closed at once, with no thread), each one
-    request whose line and headers must come within `request_seconds` and `request_bytes`.
-    Thread-safe as socketserver is: one thread accepts, one thread per connection answers."""
+    and `per_client` from one address (a connection over either is answered 503 and closed at
+    once, with no thread), each one request whose line and headers must come within
+    `request_seconds` and `request_bytes`. Thread-safe: one thread accepts, one thread per
+    connection answers, the counts are under a lock."""
 
     daemon_threads = True
 
     def __init__(self, *, host: str, port: int, limits: Limits) -> None:
         self.limits = limits
         self.request_queue_size = limits.connections
-        self._slots = threading.BoundedSemaphore(limits.connections)
+        self._lock = threading.Lock()
+        self._open: dict[str, int] = {}  # client address -> its connections open
         if ":" in host:
             self.address_family = socket.AF_INET6
         super().__init__((host, port), _Handler)
@@ -288,8 +293,25 @@ class _Server(ThreadingWSGIServer):
         self.server_name, self.server_port = str(host), int(port)
         self.setup_environ()
 
+    def _take(self, client: str) -> bool:
+        with self._lock:
+            mine = self._open.get(client, 0)
+            if (
+                mine >= self.limits.per_client
+                or sum(self._open.values()) >= self.limits.connections
+            ):
+                return False
+            self._open[client] = mine + 1
+            return True
+
+    def _give_back(self, client: str) -> None:
+        with self._lock:
+            left = self._open.pop(client) - 1
+            if left:
+                self._open[client] = left
+
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        if not self._take(str(client_address[0])):
             try:
                 request.setblocking(False)
                 request.send(_BUSY)
@@ -300,14 +322,14 @@ class _Server(ThreadingWSGIServer):
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._give_back(str(client_address[0]))
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._give_back(str(client_address[0]))
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client that timed out, sent too much or hung up: dropped, not a traceback

@@ -90,7 +90,7 @@ def wait_for(condition: Any, *, what: str, seconds: float = SECONDS + SLACK) -> 
 def port() -> Iterator[Port]:
     """One port for the module's tests (closing one takes half a second): no test leaves a
     connection behind."""
-    served = Port(task_metrics.Limits(request_seconds=SECONDS))
+    served = Port(task_metrics.Limits(request_seconds=SECONDS, per_client=64))
     yield served
     served.metrics.close()
 
@@ -178,7 +178,7 @@ def test_a_request_sent_a_byte_at_a_time_is_dropped_at_its_deadline_not_served(
 
 
 def test_connections_over_the_cap_are_closed_at_once_and_served_again_once_freed() -> None:
-    served = Port(task_metrics.Limits(request_seconds=30.0, connections=8))
+    served = Port(task_metrics.Limits(request_seconds=30.0, connections=8, per_client=8))
     held = [served.connect() for _ in range(8)]
     try:
         for sock in held:
@@ -192,6 +192,29 @@ def test_connections_over_the_cap_are_closed_at_once_and_served_again_once_freed
             sock.close()
     wait_for(lambda: served.status("GET", "/healthz") == 200, what="healthz once the 8 have gone")
     served.metrics.close()
+
+
+def test_one_client_address_over_its_share_is_closed_at_once_while_others_are_served() -> None:
+    """A peer (a worker's pod) that fills its share cannot fail the kubelet's probes, which
+    come from the node's address."""
+    served = Port(task_metrics.Limits(request_seconds=30.0, per_client=4))
+    held = [served.connect() for _ in range(4)]
+    try:
+        for sock in held:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+        started = time.monotonic()
+        answer = served.ask(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", wait=SECONDS)
+        assert answer == b"" or status_of(answer) == 503
+        assert time.monotonic() - started < SECONDS
+        with socket.create_connection(
+            (HOST, served.port), timeout=SECONDS + SLACK, source_address=("127.0.0.2", 0)
+        ) as other:
+            other.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert status_of(read_to_close(other, wait=SECONDS + SLACK)) == 200
+    finally:
+        for sock in held:
+            sock.close()
+        served.metrics.close()
 
 
 def fuzz_requests(seed: int, count: int) -> list[bytes]:
