@@ -27,10 +27,11 @@ is checked.
 No peer can hold a ps's resources here. A connection is one thread, and there are at most
 `MAX_CONNECTIONS` (in total, handshakes included) and `MAX_PEER_CONNECTIONS` per caller
 identity (per address in plaintext); one over either is closed with a warning in the ps's log,
-and its client goes on over gRPC. A handshake may stall `HANDSHAKE_SECONDS`, a call in progress
-(its prefix and message, its tensor bytes, the reply's sending) `FRAME_SECONDS` without a byte
-moving, and the prefix and message together take at most `FRAME_SECONDS` plus a second per MiB;
-a connection waits `IDLE_SECONDS` for its next call. Past any of these it is closed. A call's
+and its client goes on over gRPC. A handshake may stall `HANDSHAKE_SECONDS` (a socket timeout);
+then one reaper thread drops a connection whose call in progress (its tensor bytes, the reply's
+sending) went `FRAME_SECONDS` without a byte moving, whose prefix and message took longer than
+`FRAME_SECONDS` (and a second per MiB) in all, or that waited `IDLE_SECONDS` for its next call:
+the sockets stay blocking, so a call pays no system call for its limits. A call's
 message and tensor bytes are at most what the ps's shards could ever need (`Bounds`); a larger
 claim closes the connection before anything is allocated or read for it. A peer that trickles
 a byte every few seconds is bounded by the caps, not by the timeouts.
@@ -94,6 +95,8 @@ SMALL_MESSAGE_BYTES = 1 << 20  # a message this size needs no look at the ps's s
 SMALL_TENSOR_BYTES = 64 << 20  # nor do tensor bytes this size
 ROWS_PER_TENSOR = 1 << 16  # ps.ROWS_PER_TENSOR (a unit test keeps them equal): see `Bounds`
 REFUSAL_LOG_SECONDS = 10.0  # one warning per peer and reason this often, however many refusals
+REAP_SECONDS = 0.5  # how often the reaper looks for connections past their limit
+IDLE, FRAME, WORKING = "idle between calls", "in the middle of a call", "served"
 CLOSE_SECONDS = 5.0  # the longest `BulkServer.close` waits for its threads
 RETRY_PORT_AFTER = 2.0  # seconds between Status calls that ask a ps for its bulk port again
 # A port whose connection timed out or failed its TLS handshake (a network policy or firewall
@@ -123,38 +126,73 @@ class BulkError(grpc.RpcError):  # type: ignore[misc]  # grpc has no type stubs
         return ((REASON_KEY, self._reason),) if self._reason else ()
 
 
-def _recv_exact(conn: socket.socket, view: memoryview, deadline: float | None = None) -> None:
-    """Fills `view` from `conn`; EOFError if the peer closed first, TimeoutError past the
-    `deadline` (monotonic; else the socket's own timeout bounds each wait)."""
+class _Watch:
+    """What a served connection's thread waits on, for the reaper (`BulkServer._reap`): since
+    when (monotonic), at most how long, and what. One tuple, so that the reaper never reads
+    a new limit with an old start. Written by the connection's thread only."""
+
+    __slots__ = ("conn", "dropped", "state", "who")
+
+    def __init__(self, conn: socket.socket, who: str) -> None:
+        self.conn, self.who, self.dropped = conn, who, False
+        self.state: tuple[float, float, str] = (time.monotonic(), IDLE_SECONDS, IDLE)
+
+    def wait(self, limit: float, what: str) -> None:
+        """From now, at most `limit` seconds without the thread moving on."""
+        self.state = (time.monotonic(), limit, what)
+
+    def moved(self) -> None:
+        """A byte moved: the limit counts again from now."""
+        _, limit, what = self.state
+        self.state = (time.monotonic(), limit, what)
+
+    def work(self) -> None:
+        """The servicer runs (or waits for other workers' pushes): no limit."""
+        self.state = (time.monotonic(), math.inf, WORKING)
+
+
+def _recv_exact(conn: socket.socket, view: memoryview, watch: _Watch | None = None) -> None:
+    """Fills `view` from `conn`; EOFError if the peer closed first. Each byte that arrives
+    tells `watch` the connection moved."""
     got, total = 0, len(view)
     while got < total:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"{got} of {total} bytes arrived in time")
-            conn.settimeout(left)
         n = conn.recv_into(view[got:], total - got)
+        if watch is not None:
+            watch.moved()
         if not n:
             raise EOFError(f"the peer closed the connection after {got} of {total} bytes")
         got += n
 
 
-def _recv_bytes(conn: socket.socket, size: int, deadline: float | None = None) -> bytes:
+def _recv_bytes(conn: socket.socket, size: int) -> bytes:
     """`size` bytes from `conn`, memory taken as they arrive (a peer that only claims a large
     message gets no large buffer)."""
     buf = bytearray()
     while len(buf) < size:
         part = bytearray(min(size - len(buf), 1 << 20))
-        _recv_exact(conn, memoryview(part), deadline)
+        _recv_exact(conn, memoryview(part))
         buf += part
     return bytes(buf)
 
 
-def _send(conn: socket.socket, first: int, message: bytes, buffers: Sequence[memoryview]) -> None:
+def _send(
+    conn: socket.socket,
+    first: int,
+    message: bytes,
+    buffers: Sequence[memoryview],
+    watch: _Watch | None = None,
+) -> None:
+    """Sends a prefix, `message` and `buffers`; with a `watch`, in pieces of at most 1 MiB,
+    each telling it the connection moved."""
     conn.sendall(PREFIX.pack(first, len(message), sum(map(len, buffers))) + message)
     for buf in buffers:
-        if len(buf):
-            conn.sendall(buf)
+        if watch is None:
+            if len(buf):
+                conn.sendall(buf)
+            continue
+        for start in range(0, len(buf), 1 << 20):
+            watch.moved()
+            conn.sendall(buf[start : start + (1 << 20)])
 
 
 def _hung_up(conn: socket.socket) -> bool:
@@ -211,14 +249,25 @@ class _Socketed(streams.Direct):
     """A message's `nbytes` tensor bytes still in the connection, read in order (`left`: not
     read yet)."""
 
-    def __init__(self, conn: socket.socket, header: tensor_pb2.FrameHeader, nbytes: int) -> None:
-        self._conn = conn
+    def __init__(
+        self,
+        conn: socket.socket,
+        header: tensor_pb2.FrameHeader,
+        nbytes: int,
+        watch: _Watch | None = None,
+    ) -> None:
+        self._conn, self._watch = conn, watch
         self.header, self.nbytes, self.left = header, nbytes, nbytes
 
     def readinto(self, view: memoryview) -> None:
         if len(view) > self.left:
             raise streams.StreamError(f"read past the {self.nbytes} bytes the message carries")
-        _recv_exact(self._conn, view)
+        if self._watch is None:
+            _recv_exact(self._conn, view)
+        else:  # a server's read: no byte for FRAME_SECONDS drops the connection
+            self._watch.wait(FRAME_SECONDS, FRAME)
+            _recv_exact(self._conn, view, self._watch)
+            self._watch.work()
         self.left -= len(view)
 
 
@@ -229,9 +278,7 @@ class _Incoming(_Socketed):
         """Reads what the servicer did not (a refused or failed call), into scratch."""
         scratch = memoryview(bytearray(min(self.left, 1 << 20)))
         while self.left:
-            take = min(self.left, len(scratch))
-            _recv_exact(self._conn, scratch[:take])
-            self.left -= take
+            self.readinto(scratch[: min(self.left, len(scratch))])
 
 
 @dataclass(frozen=True)
@@ -302,14 +349,19 @@ class BulkServer:
         self._threads: set[threading.Thread] = set()
         self._per_peer: collections.Counter[str] = collections.Counter()
         self._warned: dict[tuple[str, str], float] = {}  # (peer, reason) -> last warning
+        self._watches: set[_Watch] = set()  # of the connections past their handshake
+        self._closing = threading.Event()
         self._acceptor = threading.Thread(
             target=self._accept, name=f"{task}-bulk-accept", daemon=True
         )
+        self._reaper = threading.Thread(target=self._reap, name=f"{task}-bulk-reap", daemon=True)
 
     def start(self) -> None:
         self._acceptor.start()
+        self._reaper.start()
 
     def close(self) -> None:
+        self._closing.set()
         with self._lock:
             self.closed = True
             connections, threads = list(self._connections), list(self._threads)
@@ -320,7 +372,7 @@ class BulkServer:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
         deadline = time.monotonic() + CLOSE_SECONDS
-        for thread in (self._acceptor, *threads):
+        for thread in (self._acceptor, self._reaper, *threads):
             if thread.is_alive() and thread is not threading.current_thread():
                 thread.join(timeout=max(deadline - time.monotonic(), 0.0))
 
@@ -369,38 +421,67 @@ class BulkServer:
                 continue
             thread.start()
 
+    def _reap(self) -> None:
+        """Drops every connection past its limit: `FRAME_SECONDS` without a byte moving in the
+        middle of a call, `IDLE_SECONDS` between calls. A watch, not socket timeouts, so that
+        a call costs no system call for them."""
+        while not self._closing.wait(REAP_SECONDS):
+            now = time.monotonic()
+            with self._lock:
+                watches = list(self._watches)
+            for watch in watches:
+                since, limit, what = watch.state
+                if now - since <= limit or watch.dropped:
+                    continue
+                watch.dropped = True
+                if what == FRAME:
+                    self._warn(
+                        watch.who,
+                        "stalled",
+                        "dropped a bulk connection of %s: nothing moved for %.0f s %s "
+                        "(bulk.FRAME_SECONDS)",
+                        watch.who,
+                        limit,
+                        what,
+                    )
+                else:
+                    log.debug("%s: closed a bulk connection of %s, %s", self._task, watch.who, what)
+                with contextlib.suppress(OSError):  # the thread's read or write fails at once
+                    socket.socket.shutdown(watch.conn, socket.SHUT_RDWR)
+
     def _serve(self, raw: socket.socket, peer: Any) -> None:
-        conn, counted = raw, ""
+        conn, counted, watch = raw, "", None
         try:
             _tune(raw)
-            raw.settimeout(HANDSHAKE_SECONDS)
+            raw.settimeout(HANDSHAKE_SECONDS)  # each step of the handshake and the hello
             if self._tls is not None:
                 conn = self._tls.wrap_socket(raw, server_side=True)  # raw is detached
                 with self._lock:
                     self._connections.discard(raw)
                     self._connections.add(conn)
-            deadline = time.monotonic() + HANDSHAKE_SECONDS
-            if _recv_bytes(conn, len(HELLO), deadline) != HELLO:
+            if _recv_bytes(conn, len(HELLO)) != HELLO:
                 log.debug("%s: bulk connection from %s did not say hello", self._task, peer)
                 return
             caller = self._caller(conn)
             counted = self._count(caller.uri if caller else str(peer[0]))
             conn.sendall(HELLO)
+            conn.settimeout(None)  # from here the reaper bounds every wait
+            watch = _Watch(conn, counted)
+            with self._lock:
+                self._watches.add(watch)
             while not self.closed:
-                self._one(conn, caller)
+                self._one(conn, caller, watch)
         except EOFError:
             pass  # the client closed its connection (between calls, or it stopped)
         except _Dropped as err:
             self._warn(counted or str(peer[0]), type(err).__name__, "%s", err)
         except TimeoutError as err:
             self._warn(
-                counted or str(peer[0]),
-                "timeout",
-                "dropped a bulk connection of %s: %s (a call may stall %.0f s, "
-                "bulk.FRAME_SECONDS; a handshake %.0f s)",
-                counted or peer[0],
-                err or "stalled",
-                FRAME_SECONDS,
+                str(peer[0]),
+                "handshake",
+                "dropped a bulk connection from %s: %s (bulk.HANDSHAKE_SECONDS is %.0f s)",
+                peer[0],
+                err or "its handshake stalled",
                 HANDSHAKE_SECONDS,
             )
         except (OSError, ValueError) as err:  # ssl.SSLError is an OSError
@@ -413,6 +494,8 @@ class BulkServer:
                 self._connections.discard(raw)
                 self._connections.discard(conn)
                 self._threads.discard(threading.current_thread())
+                if watch is not None:
+                    self._watches.discard(watch)
                 if counted:
                     self._per_peer[counted] -= 1
                     if not self._per_peer[counted]:
@@ -453,32 +536,33 @@ class BulkServer:
                 f"shards need at most {bounds.message_bytes} and {bounds.tensor_bytes}"
             )
 
-    def _one(self, conn: socket.socket, caller: Identity | None) -> None:
+    def _one(self, conn: socket.socket, caller: Identity | None, watch: _Watch) -> None:
         """Serves one call; EOFError when the client closed the connection before it."""
         prefix = bytearray(PREFIX.size)
-        conn.settimeout(IDLE_SECONDS)
-        try:
-            first = conn.recv_into(prefix, PREFIX.size)
-        except TimeoutError:
-            raise EOFError(f"idle for {IDLE_SECONDS:.0f} s") from None
+        watch.wait(IDLE_SECONDS, IDLE)
+        first = conn.recv_into(prefix, PREFIX.size)
         if not first:
             raise EOFError("closed between calls")
-        deadline = time.monotonic() + FRAME_SECONDS
-        _recv_exact(conn, memoryview(prefix)[first:], deadline)
+        watch.wait(FRAME_SECONDS, FRAME)  # the prefix and the message: this long in all
+        _recv_exact(conn, memoryview(prefix)[first:])
         method, size, nbytes = PREFIX.unpack(prefix)
         self._bounds(size, nbytes)
-        message = _recv_bytes(conn, size, deadline + size / (1 << 20))
-        conn.settimeout(FRAME_SECONDS)  # the tensor bytes and the reply: no longer a stall
-        incoming = _Incoming(conn, tensor_pb2.FrameHeader(), nbytes)
+        if size > SMALL_MESSAGE_BYTES:
+            watch.state = (watch.state[0], FRAME_SECONDS + size / (1 << 20), FRAME)
+        message = _recv_bytes(conn, size)
+        watch.work()
+        incoming = _Incoming(conn, tensor_pb2.FrameHeader(), nbytes, watch)
         try:
             reply = self._call(conn, method, message, incoming, caller)
         except _Abort as err:
             incoming.drain()
             body = json.dumps({"details": err.details, "reason": err.reason}).encode()
-            _send(conn, err.code.value[0], body, ())
+            watch.wait(FRAME_SECONDS, FRAME)
+            _send(conn, err.code.value[0], body, (), watch)
             return
         incoming.drain()
-        _send(conn, 0, reply.header.SerializeToString(), reply.buffers)
+        watch.wait(FRAME_SECONDS, FRAME)
+        _send(conn, 0, reply.header.SerializeToString(), reply.buffers, watch)
         self._on_call()
 
     def _call(
