@@ -47,6 +47,7 @@ RESERVED_ENV = (
     "JAXPS_JOB_UID",
     "JAXPS_METRICS_PORT",
     "JAXPS_TLS_DIR",
+    "JAXPS_POD_IP",
 )
 TLS_DIR = "/var/run/jaxps/tls"  # where a pod's credentials are mounted
 TLS_VOLUME = "jaxps-tls"
@@ -274,6 +275,8 @@ def pod(
         {"name": "JAXPS_JOB_UID", "value": job["metadata"].get("uid") or job["metadata"]["name"]},
         {"name": "JAXPS_METRICS_PORT", "value": str(metrics)},
         {"name": "JAXPS_TLS_DIR", "value": network.tls_dirs.get(name, TLS_DIR)},
+        # where the metrics and health port listens (the kubelet and the operator dial it)
+        {"name": "JAXPS_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
     main["env"] = env
     if name not in network.tls_dirs:  # the Secret, with this task's files only

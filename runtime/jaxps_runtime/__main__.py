@@ -3,7 +3,8 @@
 The task comes from TF_CONFIG (TensorFlow's format) or from TF1's flags
 (--ps_hosts --worker_hosts [--chief_hosts --evaluator_hosts] --job_name --task_index); the job's
 identity from JAXPS_JOB_UID (or JAXPS_JOB_NAME). Exit codes: 0 done, 1 failed, 2 a usage error
-(TF_CONFIG, the flags, JAXPS_LOG_LEVEL, JAXPS_METRICS_PORT, JAXPS_PS_XLA_THREADS), 78 an
+(TF_CONFIG, the flags, JAXPS_LOG_LEVEL, JAXPS_METRICS_PORT, JAXPS_METRICS_ADDRESS,
+JAXPS_PS_XLA_THREADS), 78 an
 invalid training configuration (`config.EXIT_INVALID_TRAINING`: the control plane fails the job
 at once; the problems are in the termination log, see `roles`), 128 + N stopped by signal N
 (143 for SIGTERM, 130 for SIGINT; a ps exits 0, see `server`).
@@ -271,6 +272,8 @@ def main(argv: Sequence[str] | None = None, *, loaded: bool = False) -> int:
     settings = {"JAXPS_BULK": os.environ.get("JAXPS_BULK", "on")}
     if args.log_level not in cluster.LOG_LEVELS:  # argparse checks the flag, not its default
         settings["JAXPS_LOG_LEVEL"] = os.environ.get("JAXPS_LOG_LEVEL", "")
+    if "JAXPS_METRICS_ADDRESS" in os.environ:  # from valueFrom, unseen by the control plane
+        settings["JAXPS_METRICS_ADDRESS"] = os.environ["JAXPS_METRICS_ADDRESS"]
     for name, value in settings.items():
         problem = cluster.setting_problem(name, value, task_type="")
         if problem:

@@ -326,7 +326,8 @@ def test_status_progress_is_read_from_the_chiefs_metrics(jobs: Jobs) -> None:
     metrics.last_checkpoint_step.set(40)
     jobs.apply(manifest)
     pods = jobs.wait_pods("mnist", 4)
-    env = {e["name"]: e["value"] for e in pods["mnist-worker-0"]["spec"]["containers"][0]["env"]}
+    main = pods["mnist-worker-0"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in main["env"]}
     assert env["JAXPS_METRICS_PORT"] == str(port)
     jobs.set_phase("mnist-worker-0", "Running", pod_ip="127.0.0.1")
     wait_for(

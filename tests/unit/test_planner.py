@@ -116,9 +116,14 @@ def test_pods_carry_names_labels_owner_port_and_tf_config_of_dns_names() -> None
     assert p["spec"]["restartPolicy"] == "Never"
     main = p["spec"]["containers"][0]
     assert {"name": "grpc", "containerPort": 2222} in main["ports"]
-    env = {e["name"]: e["value"] for e in main["env"]}
+    env = {e["name"]: e["value"] for e in main["env"] if "value" in e}
     tf = cluster.parse_tf_config(env["TF_CONFIG"])
     assert tf.task == cluster.TaskSpec("ps", 1)
+    # the metrics and health port listens on the pod's own address, from the downward API
+    assert {
+        "name": "JAXPS_POD_IP",
+        "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+    } in main["env"]
     assert tf.cluster.addresses("worker") == (
         "tj-worker-0.tj.ns.svc:2222",
         "tj-worker-1.tj.ns.svc:2222",
@@ -502,7 +507,7 @@ def test_a_templates_own_jaxps_variables_are_kept_and_reserved_ones_replaced() -
     env = created["tj-worker-0"]["spec"]["containers"][0]["env"]
     names = [e["name"] for e in env]
     assert names.count("TF_CONFIG") == 1
-    values = {e["name"]: e["value"] for e in env}
+    values = {e["name"]: e.get("value") for e in env}
     assert values["JAXPS_LOG_LEVEL"] == "DEBUG"
     assert values["JAXPS_BIND_ADDRESS"] == "0.0.0.0:2222"
     assert values["MINE"] == "1"
@@ -517,7 +522,7 @@ def test_pods_name_the_addresses_and_metrics_ports_the_network_gives() -> None:
     )
     created = {c["metadata"]["name"]: c for c in step(j, [], network=network).create}
     main = created["tj-worker-1"]["spec"]["containers"][0]
-    env = {e["name"]: e["value"] for e in main["env"]}
+    env = {e["name"]: e.get("value") for e in main["env"]}
     tf = cluster.parse_tf_config(env["TF_CONFIG"])
     assert tf.cluster.addresses("worker") == ("127.0.0.1:4002", "127.0.0.1:4003")
     assert env["JAXPS_METRICS_PORT"] == "5003"

@@ -410,7 +410,7 @@ def test_pods_mount_their_own_certificate_and_key_and_the_ca_only() -> None:
         "tj-worker-1.crt": "tls.crt",
         "tj-worker-1.key": "tls.key",
     }
-    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env["JAXPS_TLS_DIR"] == builders.TLS_DIR
     assert pod["spec"]["securityContext"]["fsGroup"] == builders.RUNTIME_GID
 
