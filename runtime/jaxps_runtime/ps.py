@@ -317,13 +317,20 @@ class ParameterServicer:
         INVALID_ARGUMENT with reason `INVALID_REQUEST` and changes nothing."""
         store = self.store
         staging: dict[str, Held] = {}
-        header, assembler, fill = streams.receive(
-            frames,
-            where="Update",
-            allocate=lambda s: (
-                staging[s.name].staging() if s.name in staging else streams.empty(s.shape, s.dtype)
-            ),
-        )
+        try:
+            header, assembler, fill = streams.receive(
+                frames,
+                where="Update",
+                allocate=lambda s: (
+                    staging[s.name].staging()
+                    if s.name in staging
+                    else streams.empty(s.shape, s.dtype)
+                ),
+                most=store.size(),
+            )
+        except streams.TooManyTensorsError as err:  # refused before 10,001 specs are made
+            store.check(err.header.id, method="Update")
+            raise self._invalid(err, err.header) from None
         store.check(header.id, method="Update")
         policy = store.policy
         try:

@@ -42,6 +42,15 @@ class StreamError(ValueError):
     """A tensor stream broke the protocol; the message says where and how."""
 
 
+class TooManyTensorsError(StreamError):
+    """A stream's header names more tensors than the receiver allows (`receive`'s `most`);
+    refused before anything is made of them, with the header for the receiver's checks."""
+
+    def __init__(self, message: str, header: tensor_pb2.FrameHeader) -> None:
+        super().__init__(message)
+        self.header = header
+
+
 def dtype_of(name: str, *, where: str = "dtype") -> np.dtype[np.generic]:
     try:
         return DTYPES[name]
@@ -298,14 +307,20 @@ def receive(
     allocate: Callable[[Spec], np.ndarray] | None = None,
     where: str,
     expect: Sequence[Spec] | None = None,
+    most: int | None = None,
 ) -> tuple[tensor_pb2.FrameHeader, Assembler, Iterator[range]]:
     """Starts reading a stream: its header, the assembler of its tensors (checked against
     `expect` when given) and an iterator over the frames that fills it, yielding the tensors
-    each frame completed. The caller drains the iterator, then checks `missing()`."""
+    each frame completed. The caller drains the iterator, then checks `missing()`. A header
+    of more than `most` tensors is `TooManyTensorsError`, at the cost of counting them."""
     if isinstance(raw_frames, Direct):
         header, first = raw_frames.header, None
     else:
         header, first = read_header(raw_frames)
+    if most is not None and len(header.tensors) > most:
+        raise TooManyTensorsError(
+            f"{where}.tensors: {len(header.tensors)} tensors; at most {most} here", header
+        )
     specs = [
         Spec.from_proto(t, where=f"{where}.tensors[{i}]") for i, t in enumerate(header.tensors)
     ]

@@ -159,7 +159,7 @@ ATTACKS = {
     "a name twice": Attack([_spec(DENSE, [8, 4]), _spec(DENSE, [8, 4])], (DENSE, "appears twice")),
     "more names than the ps holds": Attack(
         [_spec(DENSE, [8, 4]), _spec(TABLE, [1, 4], rows=[0]), _spec("['x']/0", [1])],
-        ("3 tensors", "holds 2 shards"),
+        ("Update.tensors: 3 tensors; at most 2",),
     ),
 }
 

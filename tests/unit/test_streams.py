@@ -181,3 +181,15 @@ def test_first_duplicate_is_linear_in_the_names_a_peer_sends() -> None:
     started = time.process_time()
     assert streams.first_duplicate(names) == "n199999"
     assert time.process_time() - started < 0.5  # quadratic: minutes
+
+
+def test_a_header_of_more_tensors_than_allowed_is_refused_before_its_specs_are_made() -> None:
+    header = tensor_pb2.FrameHeader(
+        tensors=[tensor_pb2.TensorSpec(name=f"t{i}", shape=[1], dtype="nope") for i in range(3)]
+    )
+    source = _BytesDirect(header, b"")
+    with pytest.raises(
+        streams.TooManyTensorsError, match=r"Update.tensors: 3 tensors; at most 2"
+    ) as caught:
+        streams.receive(source, where="Update", most=2)  # the bad dtypes are never looked at
+    assert caught.value.header is header
