@@ -135,7 +135,8 @@ class Metrics:
         self.refused_updates = Counter(
             "jaxps_ps_refused_updates",
             "Updates a ps refused, by reason: nonfinite_gradient (a pushed gradient had a NaN "
-            "or an inf), nonfinite_update (the optimizer's step made a parameter NaN or inf).",
+            "or an inf), nonfinite_update (the optimizer's step made a parameter NaN or inf), "
+            "invalid_request (a step, shard, shape, dtype or row no honest worker sends).",
             ["task", "reason"],
             registry=self.registry,
         )

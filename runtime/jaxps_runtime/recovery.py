@@ -95,6 +95,7 @@ def restore_or_initialise(
             step=manifest.step,
             mode=mode,
             workers=workers,
+            tables=set(task.tables),
         )
         try:
             client.restore(
@@ -119,7 +120,14 @@ def restore_or_initialise(
     if root is not None:
         log.info("no usable checkpoint in %s: initialising from seed %d", root, training.seed)
     params = task.initial_params()
-    client.init(params, optimizer=training.optimizer, epoch=epoch, mode=mode, workers=workers)
+    client.init(
+        params,
+        optimizer=training.optimizer,
+        epoch=epoch,
+        mode=mode,
+        workers=workers,
+        tables=set(task.tables),
+    )
     log.info(
         "initialised %d variables (%.1f MB) from seed %d on %d ps at epoch %d",
         len(params),
