@@ -59,7 +59,14 @@ class PsClientError(RuntimeError):
     """A ps refused or failed a call; says which ps, where, and what it answered."""
 
     def __init__(
-        self, *, ps: int, address: str, method: str, code: grpc.StatusCode | None, details: str
+        self,
+        *,
+        ps: int,
+        address: str,
+        method: str,
+        code: grpc.StatusCode | None,
+        details: str,
+        reason: str = "",
     ) -> None:
         name = code.name if code else "ERROR"
         super().__init__(f"ps-{ps} at {address}: {method} failed with {name}: {details}")
@@ -70,6 +77,7 @@ class PsClientError(RuntimeError):
             code,
             details,
         )
+        self.reason = reason  # the ps's `jaxps-reason` (`policy.REFUSALS`, ...), "" without
 
 
 class PsRestartedError(PsClientError):
@@ -133,11 +141,15 @@ class PsClient:
         except grpc.RpcError as err:
             self._stop.check()  # cancelled because the task is stopping
             code, details = err.code(), err.details() or ""
-            trailing = dict(err.trailing_metadata() or ())
-            restarted = trailing.get(rpc.REASON_KEY) == rpc.PS_RESTARTED
-            cls = PsRestartedError if restarted else PsClientError
+            reason = str(dict(err.trailing_metadata() or ()).get(rpc.REASON_KEY, ""))
+            cls = PsRestartedError if reason == rpc.PS_RESTARTED else PsClientError
             raise cls(
-                ps=ps, address=self.addresses[ps], method=method, code=code, details=details
+                ps=ps,
+                address=self.addresses[ps],
+                method=method,
+                code=code,
+                details=details,
+                reason=reason,
             ) from err
         except ValueError:  # grpc's "Cannot invoke RPC on closed channel!"
             if self._cancelled:

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxps_runtime import outcome
+from jaxps_runtime import outcome, policy
 from jaxps_runtime.client import PsClientError, PsRestartedError
 from jaxps_runtime.task import Task
 
@@ -119,8 +119,9 @@ def _finite_step(loss: Any) -> Any:
 
 
 def _not_finite(err: PsClientError) -> bool:
-    """Whether a ps refused an update because its gradient or its result was not finite."""
-    return err.code == grpc.StatusCode.INVALID_ARGUMENT and "finite" in str(err)
+    """Whether a ps refused an update because its gradient or its result was not finite (the
+    reason it sends with the refusal, on gRPC and on the bulk path alike)."""
+    return err.reason in (policy.NONFINITE_GRADIENT, policy.NONFINITE_UPDATE)
 
 
 def overlap_steps_per_second(spans: list[tuple[float, float, float, float]]) -> float:

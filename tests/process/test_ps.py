@@ -601,6 +601,7 @@ def test_a_nan_gradient_is_refused_and_nothing_of_its_update_is_applied(
     with pytest.raises(PsClientError) as caught:
         worker.update(grads, step=0)
     assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.reason == "nonfinite_gradient"  # what a worker reads as divergence
     assert caught.value.ps == bad_ps
     for part in (last.name, "step 0", "worker-0", "not finite"):
         assert part in caught.value.details, part
