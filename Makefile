@@ -71,7 +71,7 @@ protos: install ## Regenerate the Python stubs from protos/
 verify: lint ## Lint, types, import contracts and the generated-stubs drift check
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	$(PY) -m jaxps_runtime.catalog --check
+	$(PY) -m jaxps_runtime.config --check
 	@for copy in operator/jaxps_operator/crd/trainingjob.yaml charts/jaxps/crds/trainingjob.yaml; do \
 	  diff -u crds/trainingjob.yaml $$copy >/dev/null || { echo "$$copy drifted from crds/: copy it"; exit 1; }; \
 	done; echo "packaged and chart CRDs match crds/"

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
 from recovery import global_step
 
-from jaxps_runtime import launch
+from jaxps_runtime.process import launch
 
 TRAINING = {
     "model": {"name": "mlp", "kwargs": {"hidden": [2048, 2048]}},

@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
 
 import results
 
-from jaxps_runtime import config, launch
+from jaxps_runtime.config import training as config
+from jaxps_runtime.process import launch
 
 EVERY = 50
 TRAINING = {

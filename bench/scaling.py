@@ -17,7 +17,7 @@ from typing import Any
 import results
 from training import distributed, single_process
 
-from jaxps_runtime import config
+from jaxps_runtime.config import training as config
 
 BENCH = "scaling"
 MODELS: dict[str, dict[str, Any]] = {

@@ -26,7 +26,9 @@ import jax
 import optax
 import results
 
-from jaxps_runtime import config, launch, models
+from jaxps_runtime.config import training as config
+from jaxps_runtime.model import builtin as models
+from jaxps_runtime.process import launch
 
 BENCH = "training"
 CASES: dict[str, dict[str, Any]] = {

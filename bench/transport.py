@@ -30,8 +30,12 @@ import grpc
 import numpy as np
 import results
 
-from jaxps_runtime import cluster, config, launch, placement, rpc
-from jaxps_runtime.client import PsClient
+from jaxps_runtime.client import placement
+from jaxps_runtime.client.psclient import PsClient
+from jaxps_runtime.config import cluster
+from jaxps_runtime.config import training as config
+from jaxps_runtime.process import launch
+from jaxps_runtime.wire import rpc
 
 CHUNK = 1 << 20
 BENCH = "transport"

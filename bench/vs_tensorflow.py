@@ -16,7 +16,7 @@ Bandwidth-bound:
   10, 4.35M parameters, 17.4 MB); batch 64, learning rate 0.05, 150 sync steps (each of both
   workers' batches) or 300 async ones: the same examples, about 13 epochs, ~0.95 test accuracy.
   Both systems split a variable of more than 256 KiB along axis 0 into min(ps, rows,
-  bytes // 256 KiB) parts (jaxps_runtime.placement; bench/tf/task.py gives TensorFlow the same
+  bytes // 256 KiB) parts (client.placement; bench/tf/task.py gives TensorFlow the same
   parts with `fixed_size_partitioner`, which for these shapes is also what its
   `min_max_variable_partitioner` would choose): both kernels are cut in two, one half per ps,
   so a worker step pulls and pushes about 8.7 MB on each ps, on both sides.
@@ -75,8 +75,12 @@ import jax
 import numpy as np
 import results
 
-from jaxps_runtime import catalog, cluster, config, launch, models, placement
-from jaxps_runtime.worker import overlap_steps_per_second
+from jaxps_runtime.client import placement
+from jaxps_runtime.config import catalog, cluster
+from jaxps_runtime.config import training as config
+from jaxps_runtime.model import builtin as models
+from jaxps_runtime.process import launch
+from jaxps_runtime.train.worker import overlap_steps_per_second
 
 BENCH = "vs_tensorflow"
 HERE = Path(__file__).resolve().parent

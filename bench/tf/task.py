@@ -38,7 +38,7 @@ v1 = tf.compat.v1
 
 
 def partitioner(case: dict[str, Any], shape: list[int]) -> Any:
-    """jaxps's placement rule (jaxps_runtime.placement): a variable of more than
+    """jaxps's placement rule (jaxps_runtime.client.placement): a variable of more than
     `min_shard_bytes` is split along axis 0 into min(ps, rows, bytes // min_shard_bytes) parts,
     like `np.array_split`; a smaller one is a plain variable. TensorFlow's
     `min_max_variable_partitioner` rounds that quotient up instead of down; the sizes here split

@@ -1,5 +1,5 @@
 """A small convolutional network in Flax, trained by jaxps as it is: the factory returns the
-module and its loss, and jaxps writes init, loss and evaluate (``jaxps_runtime.flaxmodel``).
+module and its loss, and jaxps writes init, loss and evaluate (``jaxps_runtime.model.flaxmodel``).
 
 Batches hold flat images ``x`` [B, side*side] (MNIST's 784 pixels from IDX files, or the
 built-in digits' 64) and int labels ``y``; the network reshapes them into square images.

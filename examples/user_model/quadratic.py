@@ -14,7 +14,7 @@ Use it in a TrainingJob with this directory on ``PYTHONPATH`` (baked into the im
       kwargs: {features: 16}
 
 The runtime imports ``quadratic``, calls ``make_model(**kwargs)`` and trains what it returns.
-A model needs ``sparse``, ``init``, ``loss`` and ``evaluate`` (see ``jaxps_runtime.models``);
+A model needs ``sparse``, ``init``, ``loss`` and ``evaluate`` (see ``jaxps_runtime.model.builtin``);
 this one is dense, so ``sparse`` is empty. It needs only jax, not jaxps.
 """
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from jaxps_runtime import cluster
+from jaxps_runtime.config import cluster
 
 ROLES = ("chief", "ps", "worker", "evaluator")
 PORT = 2222
@@ -53,7 +53,7 @@ TLS_DIR = "/var/run/jaxps/tls"  # where a pod's credentials are mounted
 TLS_VOLUME = "jaxps-tls"
 RUNTIME_GID = 65532  # docker/runtime.Dockerfile's USER
 CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"
-# The runtime's health on its plaintext metrics port (jaxps_runtime.metrics): the kubelet has no
+# The runtime's health on its plaintext metrics port (process.metrics): the kubelet has no
 # certificate for the gRPC port, which takes only the job's own tasks (mutual TLS)
 LIVE_PATH = "/healthz"
 READY_PATH = "/readyz"

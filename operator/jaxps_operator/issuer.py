@@ -2,7 +2,7 @@
 
     issue(job, network) -> {"ca.crt": ..., "<pod>.crt": ..., "<pod>.key": ...}
 
-Each task gets two certificates for one key (`jaxps_runtime.credentials`), both in its
+Each task gets two certificates for one key (`jaxps_runtime.wire.credentials`), both in its
 `<pod>.crt`: a client certificate naming its identity `jaxps://<job uid>/<role>/<i>`, and a
 server certificate that names neither the job nor the task, only a hash of the job's CA and the
 host its peers dial (the host of its address in TF_CONFIG: its DNS name on Kubernetes, 127.0.0.1
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxps_operator import builders
-from jaxps_runtime import credentials
+from jaxps_runtime.wire import credentials
 
 
 def job_id(job: Mapping[str, Any]) -> str:

@@ -42,8 +42,9 @@ from jaxps_operator import builders, conditions, issuer, progress, reconcile
 from jaxps_operator.conditions import TERMINAL, Event
 from jaxps_operator.objects import PodState
 from jaxps_operator.reconcile import Children
-from jaxps_runtime import cluster, credentials
-from jaxps_runtime.standby import Standby, runs_the_runtime
+from jaxps_runtime.config import cluster
+from jaxps_runtime.process.standby import Standby, runs_the_runtime
+from jaxps_runtime.wire import credentials
 
 GRACE_SECONDS = 10.0
 JOB_FILE = "job.json"  # the stored job (metadata, spec, status), rewritten on every change

@@ -241,7 +241,7 @@ def training_problems(job: Mapping[str, Any]) -> list[Problem]:
     cross-field rule), and in how it meets `spec.replicaSpecs` (a ps to keep the parameters,
     replicasToAggregate at most the workers: `config.replica_problems`), found without JAX:
     `jaxps_runtime.config` is standard library (and YAML) only."""
-    from jaxps_runtime import config  # noqa: PLC0415 - only where training is checked
+    from jaxps_runtime.config import training as config  # noqa: PLC0415 - only where training is checked
 
     specs = job["spec"].get("replicaSpecs") or {}
     tasks = config.Replicas(workers=_replicas(specs, "worker"), ps=_replicas(specs, "ps"))
@@ -262,9 +262,9 @@ def _replicas(specs: Mapping[str, Any], role: str) -> int:
 
 def setting_problems(job: Mapping[str, Any]) -> list[Problem]:
     """What the runtime would refuse among its own variables in each role's template (the
-    first container, where `builders.pod` runs it): `jaxps_runtime.cluster.setting_problem`.
+    first container, where `builders.pod` runs it): `jaxps_runtime.config.cluster.setting_problem`.
     A value from `valueFrom` is only known in the pod, which checks it itself (exit 2)."""
-    from jaxps_runtime import cluster  # noqa: PLC0415 - only where templates are checked
+    from jaxps_runtime.config import cluster  # noqa: PLC0415 - only where templates are checked
 
     def field(node: Any, key: str) -> Any:
         return node.get(key) if isinstance(node, Mapping) else None

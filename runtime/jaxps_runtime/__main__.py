@@ -25,9 +25,10 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from jaxps_runtime import cluster, stopping
-from jaxps_runtime import standby as standby_process
-from jaxps_runtime.credentials import CredentialsError, Identity, TaskCredentials
+from jaxps_runtime.config import cluster
+from jaxps_runtime.process import standby as standby_process
+from jaxps_runtime.process import stopping
+from jaxps_runtime.wire.credentials import CredentialsError, Identity, TaskCredentials
 
 EXIT_USAGE = 2
 log = logging.getLogger("jaxps_runtime")
@@ -190,7 +191,7 @@ def _checkpoint_dir(*, training_file: Path | None, training_env: str | None) -> 
             checkpoint = raw.get("checkpoint") if isinstance(raw, dict) else None
             directory = checkpoint.get("dir") if isinstance(checkpoint, dict) else None
             return directory if isinstance(directory, str) and directory else None
-    from jaxps_runtime import config  # noqa: PLC0415
+    from jaxps_runtime.config import training as config  # noqa: PLC0415
 
     try:
         if training_file is not None:
@@ -235,7 +236,7 @@ def standby(argv: Sequence[str], *, stdin: IO[str] = sys.stdin) -> int:
     )
     import jax  # noqa: PLC0415
 
-    from jaxps_runtime import metrics, ps, server  # noqa: F401, PLC0415
+    from jaxps_runtime.ps import server  # noqa: F401, PLC0415
 
     jax.devices()  # the CPU backend, with the ps's XLA_FLAGS
     line = stdin.readline()
@@ -314,7 +315,7 @@ def main(argv: Sequence[str] | None = None, *, loaded: bool = False) -> int:
     if task.type == cluster.PS:
         # Straight to its server, which listens before it loads JAX (`server`): a restarted ps
         # is what every other task waits for.
-        from jaxps_runtime import server  # noqa: PLC0415
+        from jaxps_runtime.ps import server  # noqa: PLC0415
 
         return server.run(
             spec=config,

@@ -16,22 +16,17 @@ from typing import TYPE_CHECKING
 
 import jax
 
-from jaxps_runtime import (
-    checkpoint,
-    cluster,
-    config,
-    models,
-    optim,
-    outcome,
-    server,
-    stopping,
-    termination,
-)
-from jaxps_runtime.credentials import TaskCredentials
-from jaxps_runtime.metrics import Metrics
+from jaxps_runtime.config import cluster
+from jaxps_runtime.config import training as config
+from jaxps_runtime.model import builtin as models
+from jaxps_runtime.process import stopping, termination
+from jaxps_runtime.process.metrics import Metrics
+from jaxps_runtime.ps import optim, server
+from jaxps_runtime.train import checkpoint, outcome
+from jaxps_runtime.wire.credentials import TaskCredentials
 
 if TYPE_CHECKING:
-    from jaxps_runtime.task import Task
+    from jaxps_runtime.train.task import Task
 
 log = logging.getLogger(__name__)
 EXIT_FAILED = 1
@@ -69,7 +64,7 @@ def run(
             stop=stop,
             credentials=credentials,
         )
-    from jaxps_runtime.task import Task  # noqa: PLC0415
+    from jaxps_runtime.train.task import Task  # noqa: PLC0415
 
     metrics = Metrics(task=task.name)
     if metrics_port:  # first: /healthz answers while the model and the dataset are built
@@ -177,7 +172,7 @@ def _invalid_training(problems: Sequence[str]) -> int:
 def _play(state: Task, *, bind: str | None) -> int:
     """Runs the task's role to its end; its exit code. Raises `Stopped` once told to stop,
     whatever the role's calls raised on the way out."""
-    from jaxps_runtime import chief, evaluator, worker  # noqa: PLC0415
+    from jaxps_runtime.train import chief, evaluator, worker  # noqa: PLC0415
 
     spec, stop = state.spec, state.stop
     task = spec.task

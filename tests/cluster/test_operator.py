@@ -17,8 +17,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from jaxps_operator.policy import cleanup
-from jaxps_runtime import cluster as tfcluster
-from jaxps_runtime.metrics import Metrics
+from jaxps_runtime.config import cluster as tfcluster
+from jaxps_runtime.process.metrics import Metrics
 from tests.cluster.harness import (
     GROUP,
     PLURAL,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxps_runtime import launch
+from jaxps_runtime.process import launch
 
 JOB_ID = "test-job"  # the job id of the ps processes the fixtures start
 

@@ -17,9 +17,12 @@ import pytest
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import bulk, codec, config, credentials, launch, placement, rpc
-from jaxps_runtime.client import PsClient, PsClientError
-from jaxps_runtime.policy import Mode
+from jaxps_runtime.client import placement
+from jaxps_runtime.client.psclient import PsClient, PsClientError
+from jaxps_runtime.config import training as config
+from jaxps_runtime.process import launch
+from jaxps_runtime.wire import bulk, codec, credentials, rpc
+from jaxps_runtime.wire.terms import Mode
 from tests.process.waiting import wait_for
 
 pytestmark = pytest.mark.process

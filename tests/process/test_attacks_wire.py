@@ -24,7 +24,8 @@ from cryptography import x509
 from jaxps.v1 import coordinator_pb2 as co_pb2
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import bulk, credentials, launch, rpc, streams
+from jaxps_runtime.process import launch
+from jaxps_runtime.wire import bulk, credentials, rpc, streams
 from tests.process.waiting import wait_for
 
 pytestmark = pytest.mark.process

@@ -1,4 +1,4 @@
-"""The bulk path (`jaxps_runtime.bulk`) of real ps processes on 127.0.0.1: what it carries is
+"""The bulk path (`jaxps_runtime.wire.bulk`) of real ps processes on 127.0.0.1: what it carries is
 what gRPC carries, a peer that breaks its protocol gets a clear refusal or a closed connection
 and changes nothing, and a ps killed under a call is an UNAVAILABLE the client retries."""
 
@@ -18,8 +18,12 @@ import pytest
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import bulk, cluster, config, launch, placement, streams
-from jaxps_runtime.client import PsClient, PsClientError
+from jaxps_runtime.client import placement
+from jaxps_runtime.client.psclient import PsClient, PsClientError
+from jaxps_runtime.config import cluster
+from jaxps_runtime.config import training as config
+from jaxps_runtime.process import launch
+from jaxps_runtime.wire import bulk, streams
 
 pytestmark = pytest.mark.process
 JOB_ID = "test-job"

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from jaxps_runtime import launch
+from jaxps_runtime.process import launch
 from tests.process.test_local import EXAMPLES, ROOT, alive_with_job_name, jaxps_local
 from tests.unit.test_filedata import write_idx
 
@@ -84,7 +84,7 @@ def job(
 RECORDER = """
 import json, os
 
-from jaxps_runtime import models
+from jaxps_runtime.data import builtin as datasets
 
 
 class Recorder:
@@ -111,7 +111,7 @@ class Recorder:
 
 
 def make(source, options, log):
-    return Recorder(models.build_dataset(name=source, kwargs=options), log)
+    return Recorder(datasets.build_dataset(name=source, kwargs=options), log)
 """
 
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from jaxps_runtime import config, launch, termination
+from jaxps_runtime.config import training as config
+from jaxps_runtime.process import launch, termination
 
 pytestmark = pytest.mark.process
 

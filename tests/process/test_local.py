@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from jaxps_operator import builders, local, schema
-from jaxps_runtime import cluster, launch
+from jaxps_runtime.config import cluster
+from jaxps_runtime.process import launch
 
 pytestmark = pytest.mark.process
 ROOT = Path(__file__).resolve().parents[2]

@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 import yaml
 
-from jaxps_runtime import launch, shardfile
+from jaxps_runtime.process import launch
+from jaxps_runtime.ps import shardfile
 from tests.process.outcome_user import faulty
 
 pytestmark = pytest.mark.process

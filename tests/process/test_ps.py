@@ -16,9 +16,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from jaxps.v1 import parameter_server_pb2, parameter_server_pb2_grpc, tensor_pb2
-from jaxps_runtime import catalog, cluster, codec, config, launch, placement, rpc, streams
-from jaxps_runtime.client import PsClient, PsClientError, PsRestartedError
-from jaxps_runtime.policy import Mode
+from jaxps_runtime.client import placement
+from jaxps_runtime.client.psclient import PsClient, PsClientError, PsRestartedError
+from jaxps_runtime.config import catalog, cluster
+from jaxps_runtime.config import training as config
+from jaxps_runtime.process import launch
+from jaxps_runtime.wire import codec, rpc, streams
+from jaxps_runtime.wire.terms import Mode
 
 JOB_ID = "test-job"
 

@@ -10,7 +10,11 @@ from typing import Any
 import pytest
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
-from jaxps_runtime import checkpoint, launch, rpc, shardfile
+from jaxps_runtime.client import psclient
+from jaxps_runtime.process import launch
+from jaxps_runtime.ps import shardfile
+from jaxps_runtime.train import checkpoint
+from jaxps_runtime.wire import rpc
 from tests.process import waiting
 
 pytestmark = pytest.mark.process
@@ -132,7 +136,7 @@ def _ps_cursors(job: launch.LocalJob) -> dict[str, int]:
         with rpc.channel(address) as channel:
             call = rpc.PARAMETER_SERVER.callables(channel)["Status"]
             replies.append(call(ps_pb2.StatusRequest(), timeout=10))
-    return checkpoint.merged_cursors(replies, how=max)
+    return psclient.merged_cursors(replies, how=max)
 
 
 def _resumed_from(log: str) -> list[int]:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from jaxps.sdk import Client, JobExistsError, JobNotFoundError
-from jaxps_runtime import launch
+from jaxps_runtime.process import launch
 from tests.process.test_local import alive_with_job_name
 
 pytestmark = pytest.mark.process

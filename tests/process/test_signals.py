@@ -19,7 +19,10 @@ from typing import Any
 import pytest
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
-from jaxps_runtime import checkpoint, launch, rpc, shardfile
+from jaxps_runtime.process import launch
+from jaxps_runtime.ps import shardfile
+from jaxps_runtime.train import checkpoint
+from jaxps_runtime.wire import rpc
 from tests.process import waiting
 
 pytestmark = pytest.mark.process

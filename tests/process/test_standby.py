@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxps_runtime import cluster, launch, standby
+from jaxps_runtime.config import cluster
+from jaxps_runtime.process import launch, standby
 
 pytestmark = pytest.mark.process
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from jaxps_runtime import launch
+from jaxps_runtime.process import launch
 from tests.process import waiting
 from tests.unit.test_summaries import read
 

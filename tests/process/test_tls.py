@@ -22,7 +22,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import bulk, cluster, credentials, launch, rpc
+from jaxps_runtime.config import cluster
+from jaxps_runtime.process import launch
+from jaxps_runtime.wire import bulk, credentials, rpc
 from tests.process.waiting import wait_for
 
 pytestmark = pytest.mark.process

@@ -15,8 +15,13 @@ import numpy as np
 import optax
 import pytest
 
-from jaxps_runtime import cluster, config, launch, models, placement
-from jaxps_runtime.task import Task
+from jaxps_runtime.client import placement
+from jaxps_runtime.config import cluster
+from jaxps_runtime.config import training as config
+from jaxps_runtime.data import builtin as datasets
+from jaxps_runtime.model import builtin as models
+from jaxps_runtime.process import launch
+from jaxps_runtime.train.task import Task
 
 pytestmark = pytest.mark.process
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -58,7 +63,7 @@ def test_sync_mlp_on_digits_reaches_95_percent_and_every_process_exits_0(
 def _reference_sync(training: config.TrainingConfig, *, workers: int) -> dict[str, np.ndarray]:
     """One process taking the same averaged steps: the mean of every worker's gradient."""
     model = models.build_model(name=training.model.name, kwargs=training.model.kwargs)
-    data = models.build_dataset(name=training.dataset.name, seed=training.seed)
+    data = datasets.build_dataset(name=training.dataset.name, seed=training.seed)
     params = model.init(jax.random.PRNGKey(training.seed))
     names = placement.named_leaves(params)[1]
     values = {n: np.asarray(v) for n, v in names.items()}
@@ -188,7 +193,7 @@ def test_a_user_model_from_examples_trains(jobs: list[launch.LocalJob], tmp_path
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(EXAMPLES / "user_model"))
         model = models.build_model(name="quadratic", module="quadratic:make_model")
-    data = models.build_dataset(name="synthetic", seed=0)
+    data = datasets.build_dataset(name="synthetic", seed=0)
     test_set = {k: jax.numpy.asarray(v) for k, v in data.test().items()}
     initial = float(model.evaluate(model.init(jax.random.PRNGKey(0)), test_set)["loss"])
     assert summary["eval"]["loss"] < initial / 20, (initial, summary)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from jaxps_runtime import launch
+from jaxps_runtime.process import launch
 
 
 def wait_for(

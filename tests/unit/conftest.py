@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxps_runtime import termination
+from jaxps_runtime.process import termination
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from jaxps_runtime import authz, credentials, rpc
-from jaxps_runtime.credentials import Identity
+from jaxps_runtime.wire import authz, credentials, rpc
+from jaxps_runtime.wire.credentials import Identity
 
 CHIEF_ONLY = ("Init", "Assign", "Restore", "Save", "SetWorkers", "Shutdown")
 TRAINERS = ("Update",)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxps_runtime import bulk, ps, streams
+from jaxps_runtime.ps import servicer as ps
+from jaxps_runtime.wire import bulk, streams
 
 
 def spec(*shape: int) -> streams.Spec:

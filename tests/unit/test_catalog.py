@@ -11,7 +11,7 @@ from typing import Any
 import optax
 import pytest
 
-from jaxps_runtime import catalog
+from jaxps_runtime.config import catalog
 
 
 def test_a_built_in_model_gets_every_default_and_keeps_what_is_given() -> None:
@@ -160,7 +160,7 @@ def test_check_exits_1_on_an_altered_table_and_write_repairs_it(
         'optax and catalog.BOUNDS give {"type": "number", "exclusiveMinimum": 0, '
         '"schedule": true}'
     ) in err
-    assert "run `python -m jaxps_runtime.catalog --write`" in err
+    assert "run `python -m jaxps_runtime.config --write`" in err
     assert catalog.main(["--write", "--table", str(table)]) == 0
     assert table.read_text() == catalog.OPTIMIZER_TABLE.read_text()
     assert catalog.main(["--check", "--table", str(table)]) == 0

@@ -8,7 +8,9 @@ import numpy as np
 import optax
 import pytest
 
-from jaxps_runtime import checkpoint, placement, shardfile
+from jaxps_runtime.client import placement
+from jaxps_runtime.ps import shardfile
+from jaxps_runtime.train import checkpoint
 
 
 def _placement(num_ps: int = 2) -> dict[str, object]:

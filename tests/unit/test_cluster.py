@@ -1,4 +1,4 @@
-"""Unit tests for jaxps_runtime.cluster (TF_CONFIG / TF1 flags / Kubernetes naming)."""
+"""Unit tests for jaxps_runtime.config.cluster (TF_CONFIG / TF1 flags / Kubernetes naming)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from jaxps_runtime import cluster
+from jaxps_runtime.config import cluster
 
 FULL_CLUSTER: dict[str, list[str]] = {
     "chief": ["chief-0.svc:2222"],

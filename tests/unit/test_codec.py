@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import codec
+from jaxps_runtime.wire import codec
 
 
 def _header() -> tensor_pb2.FrameHeader:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxps_runtime import catalog, config
+from jaxps_runtime.config import catalog
+from jaxps_runtime.config import training as config
 from tests.unit import imports
 
 
@@ -296,7 +297,7 @@ def test_the_configuration_is_parsed_without_jax_optax_or_numpy() -> None:
     }
     code = (
         "import json\n"
-        "from jaxps_runtime import config\n"
+        "from jaxps_runtime.config import training as config\n"
         f"config.parse(json.loads({json.dumps(json.dumps(raw))}))\n"
         "assert config.problems({'model': {'name': 'resnet'}})\n"
     )

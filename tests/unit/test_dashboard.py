@@ -3,7 +3,7 @@ metrics jaxps exports, under the names Prometheus stores them, and filters the t
 the labels the operator puts on their pods.
 
 The exported names come from the code, not from a list kept here: the registries of a task's
-`jaxps_runtime.metrics.Metrics` and of the operator's `jaxps_operator.controller.Metrics` (each
+`process.metrics.Metrics` and of the operator's `jaxps_operator.controller.Metrics` (each
 its own registry, so building them here touches no global state). Renaming a metric fails here
 until the dashboard follows.
 """
@@ -21,7 +21,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from jaxps_operator import builders, controller
-from jaxps_runtime import metrics as task_metrics
+from jaxps_runtime.process import metrics as task_metrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "jaxps" / "dashboards" / "jaxps.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}

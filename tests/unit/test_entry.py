@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from jaxps_runtime import __main__ as main
-from jaxps_runtime import cluster
+from jaxps_runtime.config import cluster
 
 
 @pytest.mark.parametrize(("value", "level"), [("debug", "DEBUG"), ("Warning", "WARNING")])

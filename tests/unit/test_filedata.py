@@ -11,8 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jaxps_runtime import config, filedata, models
-from jaxps_runtime.catalog import ModelError
+from jaxps_runtime.config import training as config
+from jaxps_runtime.config.catalog import ModelError
+from jaxps_runtime.data import arrays
+from jaxps_runtime.data import builtin as datasets
+from jaxps_runtime.data import files as filedata
 from tests.unit.test_roles import _start
 
 
@@ -37,7 +40,7 @@ def mnist_dir(root: Path, *, train: int = 40, test: int = 10, side: int = 4) -> 
 
 
 def test_idx_files_read_as_scaled_pixels_memory_mapped_gzipped_or_not(tmp_path: Path) -> None:
-    data = models.build_dataset(name="idx", kwargs={"dir": str(mnist_dir(tmp_path))}, seed=3)
+    data = datasets.build_dataset(name="idx", kwargs={"dir": str(mnist_dir(tmp_path))}, seed=3)
     batch = data.train_batch(worker=0, num_workers=2, step=0, batch_size=8)
     assert batch["x"].dtype == np.float32
     assert batch["x"].shape == (8, 16)
@@ -53,8 +56,8 @@ def test_idx_files_read_as_scaled_pixels_memory_mapped_gzipped_or_not(tmp_path: 
 
 def test_a_workers_batches_are_the_same_after_a_restart_and_never_overlap(tmp_path: Path) -> None:
     root = str(mnist_dir(tmp_path, train=60))
-    first = models.build_dataset(name="idx", kwargs={"dir": root}, seed=1)
-    again = models.build_dataset(name="idx", kwargs={"dir": root}, seed=1)
+    first = datasets.build_dataset(name="idx", kwargs={"dir": root}, seed=1)
+    again = datasets.build_dataset(name="idx", kwargs={"dir": root}, seed=1)
     for step in (0, 5, 11):  # across epochs (30 rows per worker, 8 per batch)
         a = first.train_batch(worker=1, num_workers=2, step=step, batch_size=8)
         b = again.train_batch(worker=1, num_workers=2, step=step, batch_size=8)
@@ -91,10 +94,10 @@ def test_a_broken_mnist_directory_is_named_with_the_file(
     root = mnist_dir(tmp_path)
     break_it(root)  # type: ignore[operator]
     with pytest.raises(ModelError, match=message) as caught:
-        models.build_dataset(name="idx", kwargs={"dir": str(root)})
+        datasets.build_dataset(name="idx", kwargs={"dir": str(root)})
     assert str(caught.value).startswith("dataset.kwargs.dir: ")
     with pytest.raises(ModelError, match="is not a directory"):
-        models.build_dataset(name="idx", kwargs={"dir": str(tmp_path / "nope")})
+        datasets.build_dataset(name="idx", kwargs={"dir": str(tmp_path / "nope")})
 
 
 def test_named_arrays_from_npz_or_npy_with_keys_and_a_test_split(tmp_path: Path) -> None:
@@ -106,7 +109,7 @@ def test_named_arrays_from_npz_or_npy_with_keys_and_a_test_split(tmp_path: Path)
     np.save(tmp_path / "dir" / "images.npy", x)
     np.save(tmp_path / "dir" / "labels.npy", labels)
     for source in ("data.npz", "packed.npz", "dir"):
-        data = models.build_dataset(
+        data = datasets.build_dataset(
             name="arrays",
             kwargs={"path": str(tmp_path / source), "keys": {"x": "images", "y": "labels"}},
         )
@@ -116,7 +119,7 @@ def test_named_arrays_from_npz_or_npy_with_keys_and_a_test_split(tmp_path: Path)
         assert list(data.test()["y"]) == list(range(40, 50))  # the last 20% by default
     stored = filedata.array_files(str(tmp_path / "data.npz"), where="w")
     assert isinstance(stored["images"], np.memmap)  # stored members are not read whole
-    held = models.build_dataset(
+    held = datasets.build_dataset(
         name="arrays",
         kwargs={"path": str(tmp_path / "data.npz"), "test": str(tmp_path / "dir")},
     )
@@ -137,7 +140,7 @@ def test_array_problems_name_the_field_and_the_file(tmp_path: Path) -> None:
     ]
     for kwargs, message in cases:
         with pytest.raises(ModelError, match=message):
-            models.build_dataset(name="arrays", kwargs=kwargs)
+            datasets.build_dataset(name="arrays", kwargs=kwargs)
 
 
 def test_a_shape_the_model_does_not_take_fails_at_start_naming_both(
@@ -203,13 +206,13 @@ def user_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 def test_a_user_dataset_module_gives_arrays_jaxps_shards_or_its_own_batches(
     user_data: str,
 ) -> None:
-    data = models.build_dataset(name="x", module=f"{user_data}:arrays", kwargs={"rows": 30})
-    assert isinstance(data, models.ArrayDataset)
+    data = datasets.build_dataset(name="x", module=f"{user_data}:arrays", kwargs={"rows": 30})
+    assert isinstance(data, arrays.ArrayDataset)
     a = data.train_batch(worker=1, num_workers=2, step=3, batch_size=4)
     assert all(int(v) % 2 == 1 for v in a["x"][:, 0] / 2)  # worker 1's shard: odd rows
-    b = models.build_dataset(name="x", module=f"{user_data}:arrays", kwargs={"rows": 30})
+    b = datasets.build_dataset(name="x", module=f"{user_data}:arrays", kwargs={"rows": 30})
     assert np.array_equal(a["x"], b.train_batch(worker=1, num_workers=2, step=3, batch_size=4)["x"])
-    own = models.build_dataset(name="x", module=f"{user_data}:stream")
+    own = datasets.build_dataset(name="x", module=f"{user_data}:stream")
     assert own.train_batch(worker=0, num_workers=1, step=7, batch_size=2)["x"][0, 0] == 7
 
 
@@ -228,7 +231,7 @@ def test_a_user_dataset_that_does_not_fit_is_named(
     user_data: str, module: str, kwargs: dict[str, Any] | None, message: str
 ) -> None:
     with pytest.raises(ModelError, match=message.format(m=user_data)):
-        models.build_dataset(name="x", module=module.format(m=user_data), kwargs=kwargs)
+        datasets.build_dataset(name="x", module=module.format(m=user_data), kwargs=kwargs)
 
 
 def test_the_configuration_takes_a_dataset_module_with_any_kwargs() -> None:
@@ -255,7 +258,7 @@ def test_parquet_columns_become_batch_keys_lists_become_rows(tmp_path: Path) -> 
         }
     )
     pq.write_table(table, tmp_path / "clicks.parquet")
-    data = models.build_dataset(
+    data = datasets.build_dataset(
         name="parquet",
         kwargs={
             "path": str(tmp_path / "clicks.parquet"),
@@ -268,15 +271,15 @@ def test_parquet_columns_become_batch_keys_lists_become_rows(tmp_path: Path) -> 
     assert np.array_equal(batch["y"], batch["id"] % 2)
     assert list(data.test()["id"]) == list(range(32, 40))
     with pytest.raises(ModelError, match="column 'note' is string; expected numbers"):
-        models.build_dataset(name="parquet", kwargs={"path": str(tmp_path / "clicks.parquet")})
+        datasets.build_dataset(name="parquet", kwargs={"path": str(tmp_path / "clicks.parquet")})
     with pytest.raises(ModelError, match=r"dataset\.kwargs\.columns: .* has no column 'label'"):
-        models.build_dataset(
+        datasets.build_dataset(
             name="parquet",
             kwargs={"path": str(tmp_path / "clicks.parquet"), "columns": {"y": "label"}},
         )
     with pytest.raises(ModelError, match="no such file or directory"):
-        models.build_dataset(name="parquet", kwargs={"path": str(tmp_path / "none.parquet")})
+        datasets.build_dataset(name="parquet", kwargs={"path": str(tmp_path / "none.parquet")})
     with_nulls = pa.table({"y": pa.array([1.0, None, 2.0])})
     pq.write_table(with_nulls, tmp_path / "nulls.parquet")
     with pytest.raises(ModelError, match="column 'y' has 1 null values"):
-        models.build_dataset(name="parquet", kwargs={"path": str(tmp_path / "nulls.parquet")})
+        datasets.build_dataset(name="parquet", kwargs={"path": str(tmp_path / "nulls.parquet")})

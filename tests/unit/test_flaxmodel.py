@@ -13,7 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxps_runtime import flaxmodel, models, scores
+from jaxps_runtime.data import builtin as datasets
+from jaxps_runtime.model import builtin as models
+from jaxps_runtime.model import flaxmodel, scores
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flax_cnn"
 
@@ -149,10 +151,10 @@ def test_mlp_takes_its_inputs_from_the_dataset_unless_set() -> None:
 
 
 def test_idx_falls_back_to_a_built_in_only_when_no_file_is_there(tmp_path: Path) -> None:
-    data = models.build_dataset(name="idx", kwargs={"dir": str(tmp_path), "fallback": "digits"})
+    data = datasets.build_dataset(name="idx", kwargs={"dir": str(tmp_path), "fallback": "digits"})
     assert data.train_batch(worker=0, num_workers=1, step=0, batch_size=4)["x"].shape == (4, 64)
     (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(b"")  # one file: no fallback
     with pytest.raises(models.ModelError, match=r"dataset\.kwargs\.dir"):
-        models.build_dataset(name="idx", kwargs={"dir": str(tmp_path), "fallback": "digits"})
+        datasets.build_dataset(name="idx", kwargs={"dir": str(tmp_path), "fallback": "digits"})
     with pytest.raises(models.ModelError, match=r"dataset\.kwargs\.fallback: 'idx' is not"):
-        models.build_dataset(name="idx", kwargs={"dir": str(tmp_path), "fallback": "idx"})
+        datasets.build_dataset(name="idx", kwargs={"dir": str(tmp_path), "fallback": "idx"})

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from jaxps_operator import schema
-from jaxps_runtime import cluster
-from jaxps_runtime import metrics as task_metrics
+from jaxps_runtime.config import cluster
+from jaxps_runtime.process import metrics as task_metrics
 
 # Short enough for a unit test; the default (LIMITS) is 5 s.
 SECONDS = 1.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jaxps.v1 import coordinator_pb2 as co_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime.coordinator import Membership
+from jaxps_runtime.train.coordinator import Membership
 
 
 def _heartbeat(task: str, *, done: bool = False) -> co_pb2.HeartbeatRequest:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from jaxps_operator import builders
-from jaxps_runtime import metrics as task_metrics
+from jaxps_runtime.process import metrics as task_metrics
 
 
 @pytest.fixture

@@ -13,7 +13,10 @@ import numpy as np
 import optax
 import pytest
 
-from jaxps_runtime import catalog, models
+from jaxps_runtime.config import catalog
+from jaxps_runtime.data import arrays
+from jaxps_runtime.data import builtin as datasets
+from jaxps_runtime.model import builtin as models
 from tests.unit.test_filedata import mnist_dir
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "user_model"
@@ -32,9 +35,9 @@ def user_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]
         sys.modules.pop(name, None)
 
 
-def _dataset_for(model: str) -> models.Dataset:
+def _dataset_for(model: str) -> arrays.Dataset:
     kwargs = SMALL_SPARSE if model == "embedding" else None
-    return models.build_dataset(name=catalog.DEFAULT_DATASET[model], kwargs=kwargs, seed=3)
+    return datasets.build_dataset(name=catalog.DEFAULT_DATASET[model], kwargs=kwargs, seed=3)
 
 
 def _equal_trees(a: Any, b: Any) -> bool:
@@ -44,7 +47,7 @@ def _equal_trees(a: Any, b: Any) -> bool:
 
 def _train(
     model: models.Model,
-    batches: list[list[models.Batch]],
+    batches: list[list[arrays.Batch]],
     *,
     tx: optax.GradientTransformation,
     key: int = 0,
@@ -55,7 +58,7 @@ def _train(
     state = tx.init(params)
 
     @jax.jit
-    def step(params: Any, state: Any, group: list[models.Batch]) -> tuple[Any, Any, jax.Array]:
+    def step(params: Any, state: Any, group: list[arrays.Batch]) -> tuple[Any, Any, jax.Array]:
         losses, grads = zip(
             *(jax.value_and_grad(model.loss)(params, b) for b in group), strict=True
         )
@@ -115,9 +118,9 @@ def _files(name: str, root: Path) -> dict[str, Any] | None:
 @pytest.mark.parametrize("name", catalog.DATASETS)
 def test_train_batches_are_deterministic_and_full(name: str, tmp_path: Path) -> None:
     kwargs = _files(name, tmp_path)
-    a = models.build_dataset(name=name, kwargs=kwargs, seed=1)
-    b = models.build_dataset(name=name, kwargs=kwargs, seed=1)
-    other = models.build_dataset(name=name, kwargs=kwargs, seed=2)
+    a = datasets.build_dataset(name=name, kwargs=kwargs, seed=1)
+    b = datasets.build_dataset(name=name, kwargs=kwargs, seed=1)
+    other = datasets.build_dataset(name=name, kwargs=kwargs, seed=2)
     for step in (0, 1, 500):  # step 500 is several epochs in
         batch = a.train_batch(worker=1, num_workers=3, step=step, batch_size=48)
         again = b.train_batch(worker=1, num_workers=3, step=step, batch_size=48)
@@ -128,8 +131,8 @@ def test_train_batches_are_deterministic_and_full(name: str, tmp_path: Path) -> 
 
 
 def test_digits_workers_read_disjoint_shards_reshuffled_each_epoch() -> None:
-    data = models.build_dataset(name="digits", seed=0)
-    assert isinstance(data, models.DigitsDataset)
+    data = datasets.build_dataset(name="digits", seed=0)
+    assert isinstance(data, datasets.DigitsDataset)
     shard = (data.num_train + 1) // 2  # worker 0's share; one epoch is `shard` rows
 
     def epoch(worker: int, number: int) -> np.ndarray:
@@ -147,7 +150,7 @@ def test_digits_workers_read_disjoint_shards_reshuffled_each_epoch() -> None:
 
 
 def test_a_batch_larger_than_the_shard_spans_epochs() -> None:
-    data = models.build_dataset(name="synthetic", kwargs={"examples": 10, "testExamples": 5})
+    data = datasets.build_dataset(name="synthetic", kwargs={"examples": 10, "testExamples": 5})
     batch = data.train_batch(worker=0, num_workers=2, step=3, batch_size=12)
     assert batch["x"].shape == (12, 16)
     assert batch["y"].shape == (12,)
@@ -155,8 +158,8 @@ def test_a_batch_larger_than_the_shard_spans_epochs() -> None:
 
 
 def test_digits_dataset_is_real_scaled_and_split_by_seed() -> None:
-    data = models.build_dataset(name="digits", seed=0)
-    assert isinstance(data, models.DigitsDataset)
+    data = datasets.build_dataset(name="digits", seed=0)
+    assert isinstance(data, datasets.DigitsDataset)
     test = data.test()
     assert test["x"].dtype == np.float32
     assert test["y"].dtype == np.int32
@@ -165,15 +168,15 @@ def test_digits_dataset_is_real_scaled_and_split_by_seed() -> None:
     assert data.num_train + len(test["y"]) == 1797  # load_digits() has 1797 images
     assert abs(len(test["y"]) - 0.2 * 1797) <= 5
     assert set(test["y"].tolist()) == set(range(10))
-    again = models.build_dataset(name="digits", seed=0).test()
-    other = models.build_dataset(name="digits", seed=1).test()
+    again = datasets.build_dataset(name="digits", seed=0).test()
+    other = datasets.build_dataset(name="digits", seed=1).test()
     assert np.array_equal(test["x"], again["x"])
     assert not np.array_equal(test["x"], other["x"])
 
 
 def test_mlp_reaches_95_percent_on_digits_with_two_sync_workers() -> None:
     model = models.build_model(name="mlp")
-    data = models.build_dataset(name="digits", seed=0)
+    data = datasets.build_dataset(name="digits", seed=0)
     steps = [
         [data.train_batch(worker=w, num_workers=2, step=s, batch_size=32) for w in (0, 1)]
         for s in range(400)
@@ -185,8 +188,8 @@ def test_mlp_reaches_95_percent_on_digits_with_two_sync_workers() -> None:
 
 def test_embedding_loss_falls_and_ids_stay_below_id_range() -> None:
     model = models.build_model(name="embedding")
-    data = models.build_dataset(name="sparse", seed=0)
-    assert isinstance(data, models.SparseDataset)
+    data = datasets.build_dataset(name="sparse", seed=0)
+    assert isinstance(data, datasets.SparseDataset)
     assert data.id_range == 150_000
     steps = [[data.train_batch(worker=0, num_workers=1, step=s, batch_size=64)] for s in range(300)]
     ids = np.concatenate([group[0]["ids"] for group in steps] + [data.test()["ids"]])
@@ -203,7 +206,7 @@ def test_embedding_model_obeys_the_sparse_rule() -> None:
     model = models.build_model(name="embedding", kwargs={"rows": 1000})
     assert dict(model.sparse) == {"embedding": "ids"}
     params = model.init(jax.random.key(0))
-    batch = models.build_dataset(
+    batch = datasets.build_dataset(
         name="sparse", kwargs={"idRange": 1000, **SMALL_SPARSE}
     ).train_batch(worker=0, num_workers=1, step=0, batch_size=64)
     unique, positions = np.unique(batch["ids"], return_inverse=True)
@@ -221,7 +224,7 @@ def test_user_model_example_trains_on_synthetic() -> None:
     model = models.build_model(name="mine", module="quadratic:make_model", kwargs={"features": 8})
     assert isinstance(model, models.Model)
     assert dict(model.sparse) == {}
-    data = models.build_dataset(name="synthetic", kwargs={"features": 8}, seed=0)
+    data = datasets.build_dataset(name="synthetic", kwargs={"features": 8}, seed=0)
     steps = [[data.train_batch(worker=0, num_workers=1, step=s, batch_size=64)] for s in range(30)]
     params, losses = _train(model, steps, tx=optax.sgd(0.05))
     assert losses[-1] < 0.5 * losses[0]
@@ -230,7 +233,7 @@ def test_user_model_example_trains_on_synthetic() -> None:
 
 def test_model_and_dataset_that_disagree_fail_at_trace_time_naming_the_field() -> None:
     model = models.build_model(name="linear", kwargs={"features": 8})
-    batch = models.build_dataset(name="synthetic").train_batch(**_W0)
+    batch = datasets.build_dataset(name="synthetic").train_batch(**_W0)
     with pytest.raises(models.ModelError, match=r"model\.kwargs\.features: .*8 columns"):
         jax.jit(model.loss)(model.init(jax.random.key(0)), batch)
 
@@ -268,7 +271,7 @@ def test_bad_model_configs_name_the_field(config: Mapping[str, Any], message: st
 )
 def test_bad_dataset_configs_name_the_field(config: Mapping[str, Any], message: str) -> None:
     with pytest.raises(models.ModelError) as caught:
-        models.build_dataset(**config)
+        datasets.build_dataset(**config)
     assert message in str(caught.value)
     if "unknown" in message:
         assert "allowed: testFraction" in str(caught.value)

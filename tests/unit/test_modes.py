@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
-from jaxps_runtime import streams
-from jaxps_runtime.config import OptimizerConfig
-from jaxps_runtime.policy import NONFINITE_UPDATE, Mode, PsError, Push
-from jaxps_runtime.shards import Held, ParameterStore, finite
-from jaxps_runtime.streams import Spec
+from jaxps_runtime.config.training import OptimizerConfig
+from jaxps_runtime.ps.held import Held
+from jaxps_runtime.ps.modes.policy import PsError, Push
+from jaxps_runtime.ps.store import ParameterStore, finite
+from jaxps_runtime.wire import streams
+from jaxps_runtime.wire.streams import Spec
+from jaxps_runtime.wire.terms import NONFINITE_UPDATE, Mode
 
 SPEC = Spec("w", (4,), np.dtype(np.float32))
 SGD = OptimizerConfig("sgd", {"learning_rate": 1.0})

@@ -7,7 +7,9 @@ import numpy as np
 import optax
 import pytest
 
-from jaxps_runtime import catalog, config, optim
+from jaxps_runtime.config import catalog
+from jaxps_runtime.config import training as config
+from jaxps_runtime.ps import optim
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The causes that end a job (`jaxps_runtime.outcome`): what they say and where they point."""
+"""The causes that end a job (`jaxps_runtime.train.outcome`): what they say and where they point."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxps_runtime import config, outcome, stopping
+from jaxps_runtime.config import training as config
+from jaxps_runtime.process import stopping
+from jaxps_runtime.train import outcome
 
 
 @pytest.fixture

@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jaxps_runtime import catalog, placement
-from jaxps_runtime.placement import Variable
+from jaxps_runtime.client import placement
+from jaxps_runtime.client.placement import Variable
+from jaxps_runtime.config import catalog
 
 
 def _many_leaves(seed: int = 0) -> list[Variable]:

@@ -12,7 +12,7 @@ import pytest
 from jaxps_operator import builders, planner, schema
 from jaxps_operator.planner import PodState
 from jaxps_operator.policy import cleanup, schedule
-from jaxps_runtime import cluster
+from jaxps_runtime.config import cluster
 
 NOW = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 

@@ -15,7 +15,8 @@ import grpc
 import pytest
 
 from jaxps_runtime import __main__ as main
-from jaxps_runtime import cluster, server
+from jaxps_runtime.config import cluster
+from jaxps_runtime.ps import server
 from tests.unit import imports
 
 
@@ -44,8 +45,9 @@ class Servicer:
 
 
 def test_a_ps_listens_before_it_imports_jax_or_anything_else_it_can_load_later() -> None:
-    later = ("jax", "optax", "jaxps_runtime.shards", "prometheus_client", "yaml")
-    assert imports.loaded_by("from jaxps_runtime import __main__, server", later) == []
+    later = ("jax", "optax", "jaxps_runtime.ps.store", "prometheus_client", "yaml")
+    code = "from jaxps_runtime import __main__\nfrom jaxps_runtime.ps import server"
+    assert imports.loaded_by(code, later) == []
 
 
 def test_a_call_before_the_store_is_loaded_waits_for_it_then_runs_on_it() -> None:

@@ -23,7 +23,7 @@ from jaxps_operator.conditions import Event
 from jaxps_operator.objects import PodState
 from jaxps_operator.policy import cleanup
 from jaxps_operator.reconcile import Children, ConflictError
-from jaxps_runtime import credentials
+from jaxps_runtime.wire import credentials
 
 NOW = datetime(2026, 11, 23, 9, 0, 0, tzinfo=UTC)
 DONE = {"event": "done", "step": 50, "loss": 0.1, "eval": {"accuracy": 0.9}, "stepsPerSecond": 5.0}

@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from jaxps_runtime import cluster, config, roles, stopping
+from jaxps_runtime import roles
+from jaxps_runtime.config import cluster
+from jaxps_runtime.config import training as config
+from jaxps_runtime.process import stopping
 
 WORKER_1 = {
     "cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]},

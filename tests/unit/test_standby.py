@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxps_runtime import standby
+from jaxps_runtime.process import standby
 
 
 def _line(**changes: object) -> str:

@@ -8,8 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-from jaxps_runtime import placement, stopping
-from jaxps_runtime.client import PsClient
+from jaxps_runtime.client import placement
+from jaxps_runtime.client.psclient import PsClient
+from jaxps_runtime.process import stopping
 
 
 def test_a_stop_runs_each_callback_once_and_late_ones_at_once() -> None:

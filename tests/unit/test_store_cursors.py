@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
-from jaxps_runtime.checkpoint import merged_cursors
-from jaxps_runtime.config import OptimizerConfig
-from jaxps_runtime.policy import Mode, Push
-from jaxps_runtime.shards import ParameterStore
-from jaxps_runtime.streams import Spec
+from jaxps_runtime.client.psclient import merged_cursors
+from jaxps_runtime.config.training import OptimizerConfig
+from jaxps_runtime.ps.modes.policy import Push
+from jaxps_runtime.ps.store import ParameterStore
+from jaxps_runtime.wire.streams import Spec
+from jaxps_runtime.wire.terms import Mode
 
 SPEC = Spec("w", (4,), np.dtype(np.float32))
 SGD = OptimizerConfig("sgd", {"learning_rate": 1.0})

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime import codec, streams
+from jaxps_runtime.wire import codec, streams
 
 
 def _specs() -> list[streams.Spec]:

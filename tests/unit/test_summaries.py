@@ -12,8 +12,8 @@ from tensorboard.backend.event_processing import (
     event_accumulator,
 )
 
-from jaxps_runtime import summaries
-from jaxps_runtime.config import TensorBoardConfig
+from jaxps_runtime.config.training import TensorBoardConfig
+from jaxps_runtime.train import summaries
 
 
 def read(run: Path) -> dict[str, list[tuple[int, float]]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jaxps_runtime import termination
+from jaxps_runtime.process import termination
 
 
 def test_lines_are_written_one_per_line_to_the_file_the_environment_names(tmp_path: Path) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
-from jaxps_runtime import watch
-from jaxps_runtime.watch import (
+from jaxps_runtime.train import watch
+from jaxps_runtime.train.watch import (
     Checkpoint,
     GiveUp,
     Observation,

@@ -22,7 +22,7 @@ from typing import Any
 
 from jaxps_operator.conditions import Status
 from jaxps_operator.objects import Plan, PodState
-from jaxps_runtime.config import FINAL_EXITS
+from jaxps_runtime.config.training import FINAL_EXITS
 
 RETRYABLE_EXIT_CODE = 128  # ExitCode policy: codes from here on (signals, OOM) are retried
 

@@ -1,0 +1,76 @@
+"""Async mode: every gradient is applied on arrival, shard by shard, and counts one step.
+
+An admitted push reserves one of the steps left before `Mode.last_step` until it counts or
+fails, so that concurrent pushes never take the step past it. A push whose id counted before
+(a retry) counts nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from jaxps_runtime.ps.modes.policy import Push, PushResult, Store
+from jaxps_runtime.wire.terms import Mode
+
+
+class Async:
+    applies_on_arrival = True
+
+    def __init__(self, store: Store, mode: Mode, workers: Sequence[str]) -> None:
+        self.store, self.mode = store, mode
+        self.workers = tuple(workers)
+        self._reserved = 0  # admitted pushes not counted yet; under store.lock
+
+    def step_problem(self, step: int) -> str | None:
+        """A worker pushes for the step it read, the lowest of every ps's (`PsClient.read`),
+        so never for a step this ps has not reached; any older step is allowed (staleness)."""
+        current = self.store.step
+        if step > current:
+            return (
+                f"step {step} is ahead of this ps (at step {current}); a gradient is computed "
+                f"at a step the ps has reached (at most {current})"
+            )
+        if step < 0:
+            return f"step {step} is negative"
+        return None
+
+    def admit(self, step: int) -> PushResult | None:
+        with self.store.lock:
+            current = self.store.step
+            left = self.mode.last_step - current - self._reserved if self.mode.last_step else 1
+            if left > 0:
+                self._reserved += 1
+                return None
+        self.store.counters.add("pushes_rejected")
+        return PushResult(False, current, f"training is over: step {self.mode.last_step} reached")
+
+    def release(self) -> None:
+        with self.store.lock:
+            self._reserved = max(self._reserved - 1, 0)
+
+    def count(self, push: Push) -> PushResult:
+        with self.store.lock:
+            self._reserved = max(self._reserved - 1, 0)
+            counted, step = self.store.count_push(push.push_id, {push.worker: push.cursor})
+            if counted:
+                self.counted(push.worker)
+        if not counted:
+            self.store.counters.add("pushes_duplicate")
+            return PushResult(True, step, "duplicate push_id: already applied")
+        self.store.counters.add("pushes_accepted")
+        self.store.counters.set("staleness", float(max(step - 1 - push.step, 0)))
+        return PushResult(True, step)
+
+    def counted(self, worker: str) -> None:
+        """With store.lock held, right after `worker`'s push counted."""
+
+    def before_read(self, worker: str, *, is_active: Callable[[], bool]) -> None:
+        return None
+
+    def awaiting(self) -> int:
+        return 0
+
+    def set_workers(self, workers: Sequence[str]) -> None:
+        with self.store.changed:
+            self.workers = tuple(workers)
+            self.store.changed.notify_all()

@@ -1,0 +1,145 @@
+"""Sync mode: the gradients of one step, one per live worker (or `replicas_to_aggregate`), are
+summed in place as they come; the last one seals the step and applies the mean to every shard,
+then the step advances with the contributors' data cursors. A gradient for a step that moved
+on, or that is being applied, is refused as stale (as backup workers' are); a second one from
+the same worker for the same step is a duplicate and adds nothing. A push the servicer refused
+(a gradient that is not finite) never reaches `count`: it adds nothing to the step, which the
+other workers' gradients complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from jaxps_runtime.ps.modes.policy import PsError, Push, PushResult, Store
+from jaxps_runtime.wire.terms import Mode
+
+log = logging.getLogger(__name__)
+
+
+class Sync:
+    applies_on_arrival = False
+
+    def __init__(self, store: Store, mode: Mode, workers: Sequence[str]) -> None:
+        self.store, self.mode = store, mode
+        self.workers = tuple(workers)
+        # The running sums of the current step, who contributed them (with the cursor each
+        # push carried, recorded when the step is applied), and whether the step is sealed
+        # (being applied). Guarded by `_lock`, taken before store.lock when both are needed.
+        self._lock = threading.Lock()
+        self._sums: dict[str, np.ndarray] = {}
+        self._contributors: dict[str, int] = {}
+        self._sealed = False
+
+    def _expected(self) -> int:
+        return max(1, self.mode.replicas_to_aggregate or len(self.workers))
+
+    def step_problem(self, step: int) -> str | None:
+        """Sync aggregates the current step's gradients only: an older step is stale (`admit`
+        refuses it as such), a later one cannot have been read from this ps yet."""
+        current = self.store.step
+        if step > current:
+            return (
+                f"step {step} is ahead of this ps (at step {current}); sync takes gradients "
+                f"of the current step {current} only"
+            )
+        if step < 0:
+            return f"step {step} is negative"
+        return None
+
+    def admit(self, step: int) -> PushResult | None:
+        current = self.store.step
+        if self.mode.last_step and current >= self.mode.last_step:
+            self.store.counters.add("pushes_rejected")
+            return PushResult(
+                False, current, f"training is over: step {self.mode.last_step} reached"
+            )
+        if step != current:
+            self.store.counters.add("pushes_stale")
+            return PushResult(False, current, f"stale: computed at step {step}, ps is at {current}")
+        return None
+
+    def release(self) -> None:
+        return None
+
+    def count(self, push: Push) -> PushResult:
+        contributor = push.worker or push.push_id
+        with self._lock:
+            current = self.store.step
+            if push.step != current or self._sealed:
+                self.store.counters.add("pushes_stale")
+                self.store.note_cursor(push.worker, push.cursor)
+                return PushResult(
+                    False, current, f"stale: computed at step {push.step}, step {current} is closed"
+                )
+            if contributor in self._contributors:
+                self.store.counters.add("pushes_duplicate")
+                return PushResult(True, current, "duplicate: already aggregated for this step")
+            for name, (held, grad) in push.dense.items():
+                total = self._sums.get(name)
+                if total is None:  # the first gradient's buffer becomes the sum
+                    self._sums[name] = grad if grad.flags.writeable else grad.copy()
+                else:
+                    np.add(total, grad, out=total)
+                    held.recycle(grad)
+            self._contributors[contributor] = push.cursor
+            self.store.counters.add("pushes_accepted")
+            ready = self._seal_if_complete()
+        if ready is not None:
+            return PushResult(True, self._apply_mean(*ready))
+        return PushResult(True, current)
+
+    def _seal_if_complete(self) -> tuple[dict[str, np.ndarray], dict[str, int]] | None:
+        """With `_lock` held: takes the sums and their contributors out once enough are in."""
+        count = len(self._contributors)
+        if count == 0 or count < self._expected():
+            return None
+        sums, self._sums = self._sums, {}
+        contributors, self._contributors = self._contributors, {}
+        self._sealed = True
+        return sums, contributors
+
+    def _apply_mean(self, sums: dict[str, np.ndarray], contributors: Mapping[str, int]) -> int:
+        """Applies the mean to every shard, then opens the next step with the contributors'
+        cursors; returns it. The step opens also when a shard's update was refused as not
+        finite (that shard keeps its values; the PsError goes on to the caller): a refused
+        update never holds the step shut."""
+        who = f"the mean of step {self.store.step} from {', '.join(sorted(contributors))}"
+        pending = []
+        for name, total in sums.items():
+            np.divide(total, len(contributors), out=total)
+            held = self.store.find(name)
+            if held is not None:
+                pending.append(self.store.apply_dense(held, total, push_id="", who=who))
+        try:
+            self.store.settle(pending)
+        finally:
+            with self._lock:
+                _, step = self.store.count_push("", contributors)
+                self._sealed = False
+        return step
+
+    def before_read(self, worker: str, *, is_active: Callable[[], bool]) -> None:
+        return None
+
+    def awaiting(self) -> int:
+        with self._lock:
+            return max(self._expected() - len(self._contributors), 0)
+
+    def set_workers(self, workers: Sequence[str]) -> None:
+        """Sync may now have enough gradients for the step."""
+        with self._lock:
+            with self.store.changed:
+                self.workers = tuple(workers)
+                self.store.changed.notify_all()
+            ready = self._seal_if_complete()
+        if ready is None:
+            return
+        try:
+            self._apply_mean(*ready)
+        except PsError as err:  # the chief changed the workers: the refusal is the ps's to log
+            log.warning("%s: step applied after the workers changed: %s", self.store.task, err)

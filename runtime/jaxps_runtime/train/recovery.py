@@ -1,0 +1,139 @@
+"""How the chief brings the ps tier to a known state: adopt it, restore it, or initialise it.
+
+- At start, if every ps is READY at one epoch, the chief restarted while the ps lived on: it
+  adopts their state, so the global step never goes backwards (TensorFlow's chief restores
+  the checkpoint instead and loses the progress since, TF#7767).
+- Otherwise (first start, or a ps came back empty) every shard is rolled back to the newest
+  committed checkpoint, at a new epoch, so no ps is silently reset alone (TF#2461). A shard
+  file that fails its checksum is reported by name and the previous checkpoint is tried.
+- With no usable checkpoint the variables are initialised from the seed, at step 0.
+A checkpoint made for another placement or optimizer is refused (`CheckpointError`): the chief
+stops with that error rather than train from something it cannot load.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from jaxps.v1 import parameter_server_pb2 as ps_pb2
+from jaxps_runtime.client.psclient import PsClient, PsClientError
+from jaxps_runtime.train import checkpoint
+from jaxps_runtime.train.task import Task
+from jaxps_runtime.wire.terms import Mode
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The ps tier's state once brought up."""
+
+    epoch: int
+    step: int
+    how: str  # "adopted", "restored" or "initialised"
+
+
+def bring_up(
+    client: PsClient,
+    task: Task,
+    *,
+    mode: Mode,
+    workers: list[str],
+    adopt: bool,
+    epoch_floor: int = 0,
+) -> Ready:
+    """Adopts (if `adopt` and every ps is READY at one epoch), restores, or initialises."""
+    statuses = [client.status(ps, timeout=30) for ps in range(len(client.addresses))]
+    epochs = {s.id.cluster_epoch for s in statuses}
+    if (
+        adopt
+        and all(s.state == ps_pb2.READY for s in statuses)
+        and len(epochs) == 1
+        and 0 not in epochs
+    ):
+        client.epoch = epochs.pop()
+        client.incarnations = [s.id.ps_incarnation for s in statuses]
+        step = min(s.step for s in statuses)
+        log.info("adopting the live ps state at step %d (epoch %d)", step, client.epoch)
+        return Ready(client.epoch, step, "adopted")
+    epoch = max(*epochs, epoch_floor) + 1
+    client.incarnations = [0] * len(client.addresses)
+    return restore_or_initialise(client, task, epoch=epoch, mode=mode, workers=workers)
+
+
+def _root(task: Task) -> Path | None:
+    directory = task.training.checkpoint.dir
+    return Path(directory) if directory else None
+
+
+def restore_or_initialise(
+    client: PsClient, task: Task, *, epoch: int, mode: Mode, workers: list[str]
+) -> Ready:
+    training = task.training
+    root = _root(task)
+    for manifest in checkpoint.committed(root) if root else []:
+        checkpoint.check_placement(manifest, task.placement.to_dict())
+        if manifest.optimizer != training.optimizer.to_json():
+            raise checkpoint.CheckpointError(
+                f"checkpoint of step {manifest.step} was made with optimizer "
+                f"{manifest.optimizer}, the job uses {training.optimizer.to_json()}"
+            )
+        files = {r.ps: (r.file, r.sha256) for r in manifest.shards}
+        if sorted(files) != list(range(len(client.addresses))):
+            raise checkpoint.CheckpointError(
+                f"checkpoint of step {manifest.step} has files for ps {sorted(files)}, the job "
+                f"has {len(client.addresses)} ps"
+            )
+        client.init(
+            None,
+            optimizer=training.optimizer,
+            epoch=epoch,
+            step=manifest.step,
+            mode=mode,
+            workers=workers,
+            tables=set(task.tables),
+        )
+        try:
+            client.restore(
+                [files[i] for i in range(len(client.addresses))],
+                step=manifest.step,
+                cursors=manifest.cursors,
+            )
+        except PsClientError as err:
+            if err.code != grpc.StatusCode.DATA_LOSS:
+                raise
+            log.error(
+                "cannot restore the checkpoint of step %d: %s; trying the previous one",
+                manifest.step,
+                err.details,
+            )
+            epoch += 1  # a new epoch per attempt: nothing of this one can land on the next
+            continue
+        log.info(
+            "restored every ps from the checkpoint of step %d (epoch %d)", manifest.step, epoch
+        )
+        return Ready(epoch, manifest.step, "restored")
+    if root is not None:
+        log.info("no usable checkpoint in %s: initialising from seed %d", root, training.seed)
+    params = task.initial_params()
+    client.init(
+        params,
+        optimizer=training.optimizer,
+        epoch=epoch,
+        mode=mode,
+        workers=workers,
+        tables=set(task.tables),
+    )
+    log.info(
+        "initialised %d variables (%.1f MB) from seed %d on %d ps at epoch %d",
+        len(params),
+        sum(v.nbytes for v in params.values()) / 1e6,
+        training.seed,
+        len(client.addresses),
+        epoch,
+    )
+    return Ready(epoch, 0, "initialised")

@@ -1,0 +1,148 @@
+"""What every training role (worker, chief, evaluator) sets up the same way.
+
+The model and dataset from the training configuration, the parameter layout and placement
+(computed from shapes alone, so every process derives the same map), a ps client, the
+coordinator client, the metrics server, and the process's `stopping.Stop`: every client made
+here ends its calls in flight when the task is told to stop.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxps_runtime.client import placement
+from jaxps_runtime.client.psclient import PsClient
+from jaxps_runtime.config import cluster
+from jaxps_runtime.config.training import TrainingConfig
+from jaxps_runtime.data import arrays
+from jaxps_runtime.data import builtin as datasets
+from jaxps_runtime.model import builtin as models
+from jaxps_runtime.process import stopping
+from jaxps_runtime.process.metrics import Metrics
+from jaxps_runtime.train import outcome
+from jaxps_runtime.train.coordinator import CoordinatorClient
+from jaxps_runtime.wire.credentials import TaskCredentials
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Task:
+    """One task of a training job, with what it needs to play its role."""
+
+    spec: cluster.TFConfig
+    training: TrainingConfig
+    job_id: str
+    metrics: Metrics
+    stop: stopping.Stop = field(default_factory=stopping.Stop)
+    credentials: TaskCredentials | None = None  # mutual TLS with the job's CA; None: plaintext
+
+    @property
+    def name(self) -> str:
+        return self.spec.task.name
+
+    @property
+    def worker_names(self) -> list[str]:
+        return [f"worker-{i}" for i in range(self.spec.cluster.num_tasks(cluster.WORKER))]
+
+    @property
+    def chief_address(self) -> str:
+        return self.spec.cluster.address(self.spec.cluster.chief_task())
+
+    @functools.cached_property
+    def model(self) -> models.Model:
+        m = self.training.model
+        return models.build_model(
+            name=m.name, module=m.module, kwargs=m.kwargs, example=self._example
+        )
+
+    def _example(self) -> arrays.Batch:
+        """The first held-out example, a batch of one (what a Flax Linen module initialises
+        from; reading it is no training read)."""
+        return {key: array[:1] for key, array in self.dataset.test().items()}
+
+    @functools.cached_property
+    def dataset(self) -> arrays.Dataset:
+        d = self.training.dataset
+        return datasets.build_dataset(
+            name=d.name, module=d.module, kwargs=d.kwargs, seed=self.training.seed
+        )
+
+    @functools.cached_property
+    def shapes(self) -> Any:
+        """The parameter pytree as ShapeDtypeStructs: no values computed."""
+        return jax.eval_shape(self.model.init, jax.random.PRNGKey(self.training.seed))
+
+    @functools.cached_property
+    def layout(self) -> placement.Layout:
+        return placement.named_leaves(self.shapes)[0]
+
+    @functools.cached_property
+    def placement(self) -> placement.Placement:
+        p = self.training.placement
+        return placement.plan(
+            placement.variables_of(self.shapes),
+            num_ps=self.spec.cluster.num_tasks(cluster.PS),
+            strategy=p.strategy,
+            min_shard_bytes=p.minShardBytes,
+        )
+
+    @functools.cached_property
+    def tables(self) -> dict[str, str]:
+        """Embedding tables pulled by rows: variable name -> batch key of its row ids."""
+        return {
+            jax.tree_util.keystr((jax.tree_util.DictKey(table),)): key
+            for table, key in self.model.sparse.items()
+        }
+
+    @property
+    def dense_variables(self) -> list[str]:
+        return [v.name for v in self.placement.variables if v.name not in self.tables]
+
+    def initial_params(self) -> dict[str, np.ndarray]:
+        with outcome.user_code("the model's init", task=self.name):
+            params = self.model.init(jax.random.PRNGKey(self.training.seed))
+        return {n: np.asarray(v) for n, v in placement.named_leaves(params)[1].items()}
+
+    def ps_client(self, *, stop: stopping.Stop | None = None) -> PsClient:
+        """A client of the ps tier whose calls end when `stop` (default: the task's) is set."""
+        return PsClient(
+            addresses=self.spec.cluster.addresses(cluster.PS),
+            placement=self.placement,
+            job_id=self.job_id,
+            task=self.name,
+            stop=stop or self.stop,
+            credentials=self.credentials,
+            use_bulk=cluster.bulk_on(os.environ),
+        )
+
+    def coordinator(self) -> CoordinatorClient:
+        return CoordinatorClient(
+            address=self.chief_address,
+            job_id=self.job_id,
+            task=self.name,
+            incarnation=secrets.randbits(62) | 1,
+            stop=self.stop,
+            credentials=self.credentials,
+        )
+
+    @functools.cached_property
+    def _evaluate(self) -> Any:
+        return jax.jit(self.model.evaluate)
+
+    def evaluate(self, params: Any) -> dict[str, float]:
+        """The model's metrics on the whole held-out set; `outcome.UserCodeError` when the
+        model's evaluate or the dataset's test raises."""
+        with outcome.user_code("the dataset's test split", task=self.name):
+            test = self.dataset.test()
+        with outcome.user_code("the model's evaluate", task=self.name):
+            values = self._evaluate(params, test)
+            return {k: float(v) for k, v in values.items()}

@@ -1,0 +1,40 @@
+"""What a ps and its callers agree on beyond the messages: the mode an Init sets, and why a ps
+refuses an update (the `reason` a refusal carries, on gRPC and on the bulk path alike)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jaxps.v1 import parameter_server_pb2 as ps_pb2
+
+# Why a ps refused an update: the `reason` of its PsError (the trailing `rpc.REASON_KEY` of its
+# INVALID_ARGUMENT) and the reason label of `jaxps_ps_refused_updates_total`.
+NONFINITE_GRADIENT = "nonfinite_gradient"  # a pushed gradient has a NaN or an inf
+NONFINITE_UPDATE = "nonfinite_update"  # the optimizer's step made a parameter NaN or inf
+# The request means nothing a worker of this job can send: a step the mode does not allow, a
+# shard this ps does not hold or of another shape or dtype, rows of a dense shard, a row out of
+# range, a name twice, more tensors than this ps holds.
+INVALID_REQUEST = "invalid_request"
+REFUSALS = (NONFINITE_GRADIENT, NONFINITE_UPDATE, INVALID_REQUEST)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How pushed gradients become updates (see `TrainingMode` in the proto)."""
+
+    kind: ps_pb2.TrainingMode = ps_pb2.ASYNC
+    replicas_to_aggregate: int = 0  # sync: 0 = one per live worker
+    max_staleness: int = 0  # bounded staleness
+    last_step: int = 0  # pushes refused from this step on; 0 = no limit
+
+    def read_step_problem(self, min_step: int, *, what: str = "min_step") -> str | None:
+        """What is wrong with waiting for step `min_step` (a Read's, or a Save's: `what`), or
+        None: a negative step, or one past the last step, which never comes (the wait would
+        hold a ps thread until the caller gives up). With no last step, any step may come."""
+        if min_step < 0:
+            return f"{what} {min_step} is negative"
+        if self.last_step and min_step > self.last_step:
+            return (
+                f"{what} {min_step} is past the last step {self.last_step}; the ps never gets there"
+            )
+        return None
