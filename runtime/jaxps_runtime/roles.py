@@ -1,4 +1,4 @@
-"""Which code runs a task: ps, worker, chief (or worker 0 without a chief), evaluator.
+"""Which code runs a training task: worker, chief (or worker 0 without a chief), evaluator.
 
 Exit codes: 0 done, 1 failed, 78 (`config.EXIT_INVALID_TRAINING`) when a worker, chief or
 evaluator finds its training configuration invalid at start (JAXPS_TRAINING unset or refused, a
@@ -21,7 +21,7 @@ from jaxps_runtime.config import training as config
 from jaxps_runtime.model import builtin as models
 from jaxps_runtime.process import stopping, termination
 from jaxps_runtime.process.metrics import Metrics
-from jaxps_runtime.ps import optim, server
+from jaxps_runtime.ps import optim
 from jaxps_runtime.train import checkpoint, outcome
 from jaxps_runtime.wire.credentials import TaskCredentials
 
@@ -54,16 +54,9 @@ def run(
     stop: stopping.Stop,
     credentials: TaskCredentials | None = None,
 ) -> int:
+    """Starts a worker, chief or evaluator (a ps starts in `ps.server`, before JAX loads) and
+    plays its role to the end; its exit code."""
     task = spec.task
-    if task.type == cluster.PS:
-        return server.run(
-            spec=spec,
-            job_id=job_id,
-            bind=bind,
-            metrics_port=metrics_port,
-            stop=stop,
-            credentials=credentials,
-        )
     from jaxps_runtime.train.task import Task  # noqa: PLC0415
 
     metrics = Metrics(task=task.name)

@@ -14,9 +14,9 @@ from typing import Any
 import grpc
 import pytest
 
-from jaxps_runtime import __main__ as main
 from jaxps_runtime.config import cluster
 from jaxps_runtime.ps import server
+from jaxps_runtime.ps import start as main
 from tests.unit import imports
 
 
@@ -157,7 +157,7 @@ def test_without_a_checkpoint_directory_a_ps_keeps_no_compilation_cache(
 def test_a_ps_tunes_malloc_to_keep_what_it_frees_unless_the_user_tuned_it() -> None:
     # glibc (this machine, the image): the settings are taken; a fresh interpreter, so that
     # this one's malloc is left as it was
-    assert imports.run("from jaxps_runtime import __main__ as m\nprint(m._ps_malloc({}))") == "True"
+    assert imports.run("from jaxps_runtime.ps import start as m\nprint(m._ps_malloc({}))") == "True"
     for name in main.MALLOC_ENV:
         assert main._ps_malloc({name: "x"}) is False
 
@@ -188,7 +188,7 @@ def test_xla_starts_with_the_flags_a_ps_sets(threads: str) -> None:
         "import os\n"
         f"os.environ['JAXPS_PS_XLA_THREADS'] = {threads!r}\n"
         "os.environ.pop('XLA_FLAGS', None)\n"
-        "from jaxps_runtime import __main__ as m\n"
+        "from jaxps_runtime.ps import start as m\n"
         "m._ps_xla_threads(os.environ)\n"
         "import jax\n"
         "print(int(jax.jit(lambda x: x + 1)(41)))"
