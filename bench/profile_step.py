@@ -38,10 +38,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests.process.harness
 
 from recovery import global_step
 
-from jaxps_runtime.process import launch
+from tests.process import harness
 
 TRAINING = {
     "model": {"name": "mlp", "kwargs": {"hidden": [2048, 2048]}},
@@ -152,7 +153,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="jaxps-profile-") as tmp:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        job = launch.LocalJob.start(
+        job = harness.LocalJob.start(
             training=training, log_dir=Path(tmp) / "logs", ps=args.ps, workers=args.workers
         )
         try:

@@ -9,9 +9,9 @@ step, which is what recovery costs when every task restarts from the checkpoint 
 way). `ratio` = baseline / jaxps (above 1: jaxps recovers faster). Target (issue 17): a median
 under 1 s in every mode.
 
-ps-0 is started again as `jaxps local` and the tests' `LocalJob` do: by default it becomes the
-job's standby, a ps process started ahead that has loaded JAX (`launch.Standby`); with `--cold`
-it is a new process that imports everything first, as a replaced pod does (case `...-cold`).
+ps-0 is started again as `jaxps local` and the tests' `LocalJob` do (`jaxps_operator.processes`):
+by default it becomes the job's standby, a ps process started ahead that has loaded JAX; with
+`--cold` it is a new process that imports everything first, as a replaced pod does (`...-cold`).
 
     python bench/recovery.py [--kills 3] [--mode sync|async|boundedStaleness] [--cold]
 """
@@ -28,11 +28,12 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests.process.harness
 
 import results
 
 from jaxps_runtime.config import training as config
-from jaxps_runtime.process import launch
+from tests.process import harness
 
 EVERY = 50
 TRAINING = {
@@ -48,7 +49,7 @@ TRAINING = {
 }
 
 
-def global_step(job: launch.LocalJob, task: str = "worker-1") -> int | None:
+def global_step(job: harness.LocalJob, task: str = "worker-1") -> int | None:
     try:
         port = job.metrics_ports[task]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as reply:
@@ -60,7 +61,7 @@ def global_step(job: launch.LocalJob, task: str = "worker-1") -> int | None:
     return None
 
 
-def wait_step(job: launch.LocalJob, at_least: int, timeout: float = 300) -> float:
+def wait_step(job: harness.LocalJob, at_least: int, timeout: float = 300) -> float:
     deadline = time.monotonic() + timeout
     while (global_step(job) or 0) < at_least:
         if time.monotonic() > deadline:
@@ -83,7 +84,7 @@ def main() -> None:
             "checkpoint": {**TRAINING["checkpoint"], "dir": f"{tmp}/ckpt"},
         }
         started = time.monotonic()
-        job = launch.LocalJob.start(
+        job = harness.LocalJob.start(
             training=training, log_dir=Path(tmp) / "logs", standby=not args.cold
         )
         try:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests.process.harness
 
 import jax
 import optax
@@ -28,7 +29,7 @@ import results
 
 from jaxps_runtime.config import training as config
 from jaxps_runtime.model import builtin as models
-from jaxps_runtime.process import launch
+from tests.process import harness
 
 BENCH = "training"
 CASES: dict[str, dict[str, Any]] = {
@@ -89,7 +90,7 @@ def single_process(training: config.TrainingConfig, *, steps: int) -> float:
 def distributed(raw: dict[str, Any], *, workers: int, ps: int = 2) -> dict[str, Any]:
     """The summary of a local job with `ps` ps and `workers` workers training `raw`."""
     with tempfile.TemporaryDirectory(prefix="jaxps-bench-") as logs:
-        job = launch.LocalJob.start(training=raw, log_dir=Path(logs), ps=ps, workers=workers)
+        job = harness.LocalJob.start(training=raw, log_dir=Path(logs), ps=ps, workers=workers)
         try:
             codes = job.wait(timeout=900)
             if any(code != 0 for code in codes.values()):

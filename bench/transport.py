@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests.process.harness
 
 import grpc
 import numpy as np
@@ -34,8 +35,8 @@ from jaxps_runtime.client import placement
 from jaxps_runtime.client.psclient import PsClient
 from jaxps_runtime.config import cluster
 from jaxps_runtime.config import training as config
-from jaxps_runtime.process import launch
 from jaxps_runtime.wire import rpc
+from tests.process import harness
 
 CHUNK = 1 << 20
 BENCH = "transport"
@@ -117,7 +118,7 @@ def start_server(kind: str, nbytes: int) -> tuple[subprocess.Popen[bytes], int]:
     proc = subprocess.Popen(
         [sys.executable, __file__, f"--serve-{kind}", str(port), str(nbytes)],
         stdout=subprocess.PIPE,
-        env=launch.runtime_env(),
+        env=harness.runtime_env(),
     )
     assert proc.stdout is not None
     if proc.stdout.readline().strip() != b"ready":
@@ -183,7 +184,7 @@ def measure_jaxps(nbytes: int, num_ps: int, repeats: int, *, use_bulk: bool) -> 
     grads = {k: np.full_like(v, 1e-3) for k, v in tree.items()}
     _, named = placement.named_leaves(tree)
     _, named_grads = placement.named_leaves(grads)
-    ps = launch.LocalPs.start(num_ps, job_id="bench")
+    ps = harness.LocalPs.start(num_ps, job_id="bench")
     try:
         layout = placement.plan(placement.variables_of(tree), num_ps=num_ps)
         with PsClient(

@@ -3,17 +3,18 @@
 `LocalCluster` is the local adapter of the `Cluster` port, a kubelet and an API server of one
 job: the stored job is a dict; a created pod is `python -m jaxps_runtime` (its container's
 command) with the pod's environment exactly as the builder made it, plus what a node gives a
-container (JAX_PLATFORMS=cpu unless set, the runtime on PYTHONPATH, JAXPS_TERMINATION_LOG: its
-termination-message file); the Service is the job's port table: every task gets 127.0.0.1 and
-two free ports (gRPC, metrics), all reserved at once so no two tasks share one; the Secret is
-the job's credentials, issued at start into `tls/<pod>` of the work directory (each task's
-directory holds its own key and the CA only; keys readable by their owner); a deleted pod
-is a process sent SIGTERM (SIGKILL after a grace period); a process that exits is a pod
-Succeeded (0) or Failed (its exit code; death by signal N is 128 + N, as Kubernetes reports it)
-and Ready once its readiness probe (an HTTP GET on its metrics port) first answers 200. One log
-per task in the work directory, next to the stored job (`job.json`, status included) and its
-Events (`events.jsonl`), which `jaxps.sdk` reads. Nothing is left running when `run` returns,
-Ctrl-C and SIGTERM included.
+container (`processes.node_env`: JAX_PLATFORMS=cpu unless set, the runtime on PYTHONPATH; and
+JAXPS_TERMINATION_LOG: its termination-message file), started as `processes` starts every
+local task; the Service is the job's port table: every task gets 127.0.0.1 and two free ports
+(gRPC, metrics), all reserved at once so no two tasks share one; the Secret is the job's
+credentials, issued at start into `tls/<pod>` of the work directory (each task's directory
+holds its own key and the CA only; keys readable by their owner); a deleted pod is a process
+sent SIGTERM (SIGKILL after a grace period); a process that exits is a pod Succeeded (0) or
+Failed (its exit code; death by signal N is 128 + N, as Kubernetes reports it) and Ready once
+its readiness probe (an HTTP GET on its metrics port) first answers 200. One log per task in
+the work directory, next to the stored job (`job.json`, status included) and its Events
+(`events.jsonl`), which `jaxps.sdk` reads. Nothing is left running when `run` returns, Ctrl-C
+and SIGTERM included.
 
 Not thread-safe: one loop drives it.
 """
@@ -38,15 +39,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from jaxps_operator import builders, conditions, issuer, progress, reconcile
+from jaxps_operator import builders, conditions, issuer, processes, progress, reconcile
 from jaxps_operator.conditions import TERMINAL, Event
 from jaxps_operator.objects import PodState
 from jaxps_operator.reconcile import Children
 from jaxps_runtime.config import cluster
-from jaxps_runtime.process.standby import Standby, runs_the_runtime
 from jaxps_runtime.wire import credentials
 
-GRACE_SECONDS = 10.0
+GRACE_SECONDS = processes.GRACE_SECONDS
 JOB_FILE = "job.json"  # the stored job (metadata, spec, status), rewritten on every change
 EVENTS_FILE = "events.jsonl"  # one Event per line, with its time
 TICK_SECONDS = 0.25
@@ -202,10 +202,7 @@ class Process:
 
     @property
     def exit_code(self) -> int | None:
-        code = self.popen.poll()
-        if code is None:
-            return None
-        return 128 - code if code < 0 else code  # -9 (SIGKILL) reads as 137
+        return processes.exit_code(self.popen)  # -9 (SIGKILL) reads as 137
 
 
 def local_job(job: Mapping[str, Any], workdir: Path) -> dict[str, Any]:
@@ -245,10 +242,11 @@ class LocalCluster:
     events: list[Event] = field(default_factory=list)
     service: dict[str, Any] | None = None
     deleted: bool = False
-    standby: Standby | None = None  # a ps loaded ahead, which a replaced ps becomes
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # the pods' processes, and a ps loaded ahead which a replaced ps becomes
+        self.launched = processes.Processes(standby_log=self.workdir / "standby.log")
         names = [builders.pod_name(self.job, r, i) for r, i in builders.tasks(self.job)]
         ports = cluster.free_ports(2 * len(names))
         self.ports = {n: (ports[2 * k], ports[2 * k + 1]) for k, n in enumerate(names)}
@@ -374,35 +372,18 @@ class LocalCluster:
         container = manifest["spec"]["containers"][0]
         termination_log = self.workdir / f"{name}.termination-log"
         termination_log.write_text("")  # as the kubelet creates it: the task writes if it exists
-        env = dict(os.environ)
-        env.update({e["name"]: str(e.get("value", "")) for e in container.get("env", [])})
-        env.setdefault("JAX_PLATFORMS", "cpu")
-        env["JAXPS_TERMINATION_LOG"] = str(termination_log)
-        runtime_root = str(Path(__file__).resolve().parents[2] / "runtime")
-        env["PYTHONPATH"] = os.pathsep.join(
-            dict.fromkeys(
-                [runtime_root, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
-            )
+        env = processes.node_env(
+            {e["name"]: str(e.get("value", "")) for e in container.get("env", [])}
         )
+        env["JAXPS_TERMINATION_LOG"] = str(termination_log)
         argv = [*container.get("command", []), *container.get("args", [])]
         if argv and argv[0] in ("python", "python3"):
             argv[0] = sys.executable  # the interpreter jaxps runs in, with its packages
         argv = argv or [sys.executable, "-m", "jaxps_runtime"]
-        log_path = self.workdir / f"{name}.log"
-        with log_path.open("ab") as log:
-            log.write(f"--- {datetime.now(UTC).isoformat()} starting {name}\n".encode())
-            log.flush()
-            popen = None
-            if role == cluster.PS and self.standby is not None:  # a replaced ps: take it
-                popen = self.standby.take(env, stdout=log_path, stderr=log_path, argv=argv)
-                if popen is not None or not self.standby.alive:  # taken, or dead: another one
-                    self.standby = None
-            if popen is None:
-                popen = subprocess.Popen(
-                    argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-                )
-        if role == cluster.PS and self.standby is None and runs_the_runtime(argv):
-            self.standby = Standby(env, log=self.workdir / "standby.log", argv=argv)  # the next
+        log = self.workdir / f"{name}.log"
+        with log.open("ab") as header:
+            header.write(f"--- {datetime.now(UTC).isoformat()} starting {name}\n".encode())
+        popen = self.launched.start(name, env=env, argv=argv, stdout=log, ps=role == cluster.PS)
         self.processes[name] = Process(
             role=role,
             index=index,
@@ -446,19 +427,9 @@ class LocalCluster:
         return [n for n, p in self.processes.items() if p.exit_code is None]
 
     def stop_all(self) -> None:
-        if self.standby is not None:
-            self.standby.close()
-            self.standby = None
-        for proc in self.processes.values():
-            if proc.exit_code is None:
-                proc.popen.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + GRACE_SECONDS
-        for proc in self.processes.values():
-            try:
-                proc.popen.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait()
+        """Ends the standby and every process still running (SIGTERM, SIGKILL after the grace
+        period), those on their way out included."""
+        self.launched.stop_all()
 
 
 def _read(path: Path) -> str:
@@ -496,9 +467,8 @@ def run(
             if on_tick is not None:
                 on_tick(local.job, local)
             over = outcome.state is None or outcome.state in TERMINAL
-            if over and local.standby is not None:  # no ps will be replaced any more
-                local.standby.close()
-                local.standby = None
+            if over:  # no ps will be replaced any more
+                local.launched.close_standby()
             if (
                 over
                 and not local.stopping()

@@ -8,24 +8,24 @@ from pathlib import Path
 
 import pytest
 
-from jaxps_runtime.process import launch
+from tests.process import harness
 
 JOB_ID = "test-job"  # the job id of the ps processes the fixtures start
 
 
 @pytest.fixture(scope="module")
-def two_ps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[launch.LocalPs]:
+def two_ps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.LocalPs]:
     """Two ps processes shared by a module's tests; each test Inits them afresh."""
     logs: Path = tmp_path_factory.mktemp("ps-logs")
-    running = launch.LocalPs.start(2, job_id=JOB_ID, log_dir=logs)
+    running = harness.LocalPs.start(2, job_id=JOB_ID, log_dir=logs)
     yield running
     running.stop()
 
 
 @pytest.fixture
-def jobs() -> Iterator[list[launch.LocalJob]]:
+def jobs() -> Iterator[list[harness.LocalJob]]:
     """Jobs a test starts; whatever happens, none of their processes outlives the test."""
-    started: list[launch.LocalJob] = []
+    started: list[harness.LocalJob] = []
     yield started
     for job in started:
         job.stop()

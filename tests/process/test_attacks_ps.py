@@ -20,9 +20,9 @@ from jaxps.v1 import tensor_pb2
 from jaxps_runtime.client import placement
 from jaxps_runtime.client.psclient import PsClient, PsClientError
 from jaxps_runtime.config import training as config
-from jaxps_runtime.process import launch
 from jaxps_runtime.wire import bulk, codec, credentials, rpc
 from jaxps_runtime.wire.terms import Mode
+from tests.process import harness
 from tests.process.waiting import wait_for
 
 pytestmark = pytest.mark.process
@@ -35,13 +35,13 @@ _epochs = itertools.count(1)
 
 
 @pytest.fixture(scope="module")
-def one_ps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[launch.LocalPs]:
-    running = launch.LocalPs.start(1, job_id=JOB_ID, log_dir=tmp_path_factory.mktemp("logs"))
+def one_ps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.LocalPs]:
+    running = harness.LocalPs.start(1, job_id=JOB_ID, log_dir=tmp_path_factory.mktemp("logs"))
     yield running
     running.stop()
 
 
-def _chief(ps: launch.LocalPs) -> PsClient:
+def _chief(ps: harness.LocalPs) -> PsClient:
     """The chief of a fresh job on `ps`: async up to `LAST_STEP`, the table declared as one."""
     tree = {"e": np.zeros((64, 4), np.float32), "k": np.zeros((8, 4), np.float32)}
     layout = placement.plan(placement.variables_of(tree), num_ps=1)
@@ -186,7 +186,7 @@ def _unchanged(chief: PsClient) -> None:
 @pytest.mark.parametrize("transport", TRANSPORTS, ids=list(TRANSPORTS))
 @pytest.mark.parametrize("attack", ATTACKS.values(), ids=list(ATTACKS))
 def test_an_update_that_means_nothing_is_invalid_argument_and_changes_nothing(
-    one_ps: launch.LocalPs, attack: Attack, transport: str
+    one_ps: harness.LocalPs, attack: Attack, transport: str
 ) -> None:
     chief = _chief(one_ps)
     port = chief.status(0).bulk_port
@@ -248,7 +248,7 @@ READS = {
 @pytest.mark.parametrize("transport", TRANSPORTS, ids=list(TRANSPORTS))
 @pytest.mark.parametrize("read", READS.values(), ids=list(READS))
 def test_a_read_that_means_nothing_is_refused_at_once(
-    one_ps: launch.LocalPs, read: tuple[ps_pb2.ReadRequest, tuple[str, ...]], transport: str
+    one_ps: harness.LocalPs, read: tuple[ps_pb2.ReadRequest, tuple[str, ...]], transport: str
 ) -> None:
     chief = _chief(one_ps)
     port = chief.status(0).bulk_port
@@ -268,7 +268,7 @@ def test_a_read_that_means_nothing_is_refused_at_once(
 
 
 def test_a_save_for_a_step_past_the_last_one_is_refused_at_once(
-    one_ps: launch.LocalPs, tmp_path: Path
+    one_ps: harness.LocalPs, tmp_path: Path
 ) -> None:
     chief = _chief(one_ps)
     started = time.monotonic()
@@ -294,7 +294,7 @@ def _cpu_seconds(pid: int) -> float:
 
 @pytest.mark.parametrize("transport", TRANSPORTS, ids=list(TRANSPORTS))
 def test_ten_thousand_and_one_names_cost_the_ps_next_to_nothing(
-    one_ps: launch.LocalPs, transport: str
+    one_ps: harness.LocalPs, transport: str
 ) -> None:
     chief = _chief(one_ps)
     port = chief.status(0).bulk_port
@@ -328,9 +328,9 @@ TRAINING = {
 
 
 def test_a_worker_with_its_own_certificate_is_refused_every_meaningless_request_and_the_job_trains(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
-    job = launch.LocalJob.start(
+    job = harness.LocalJob.start(
         training=TRAINING, log_dir=tmp_path / "logs", job_id=TLS_JOB, ps=1, workers=2, tls=True
     )
     jobs.append(job)

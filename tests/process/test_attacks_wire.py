@@ -24,8 +24,8 @@ from cryptography import x509
 from jaxps.v1 import coordinator_pb2 as co_pb2
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime.process import launch
 from jaxps_runtime.wire import bulk, credentials, rpc, streams
+from tests.process import harness
 from tests.process.waiting import wait_for
 
 pytestmark = pytest.mark.process
@@ -45,7 +45,7 @@ HUGE_CURSOR = 10**12
 class Job:
     """The attacked job: its ps-0's address and bulk port, and its tasks' credentials."""
 
-    def __init__(self, job: launch.LocalJob) -> None:
+    def __init__(self, job: harness.LocalJob) -> None:
         self.job = job
         self.ps0 = job.spec["ps"][0]
         self.coordinator = job.spec["worker"][0]  # worker 0 is the chief: no chief task
@@ -87,7 +87,7 @@ class Job:
 
 @pytest.fixture(scope="module")
 def attacked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
-    job = launch.LocalJob.start(
+    job = harness.LocalJob.start(
         training=TRAINING,
         log_dir=tmp_path_factory.mktemp("attacked"),
         job_id=JOB,

@@ -22,8 +22,8 @@ from jaxps_runtime.client import placement
 from jaxps_runtime.client.psclient import PsClient, PsClientError
 from jaxps_runtime.config import cluster
 from jaxps_runtime.config import training as config
-from jaxps_runtime.process import launch
 from jaxps_runtime.wire import bulk, streams
+from tests.process import harness
 
 pytestmark = pytest.mark.process
 JOB_ID = "test-job"
@@ -32,13 +32,13 @@ PREFIX = struct.Struct("<BIQ")
 
 
 @pytest.fixture(scope="module")
-def one_ps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[launch.LocalPs]:
-    running = launch.LocalPs.start(1, job_id=JOB_ID, log_dir=tmp_path_factory.mktemp("logs"))
+def one_ps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.LocalPs]:
+    running = harness.LocalPs.start(1, job_id=JOB_ID, log_dir=tmp_path_factory.mktemp("logs"))
     yield running
     running.stop()
 
 
-def _client(ps: launch.LocalPs, tree: dict[str, np.ndarray], epoch: int) -> PsClient:
+def _client(ps: harness.LocalPs, tree: dict[str, np.ndarray], epoch: int) -> PsClient:
     layout = placement.plan(placement.variables_of(tree), num_ps=len(ps.addresses))
     client = PsClient(addresses=ps.addresses, placement=layout, job_id=JOB_ID, task="chief-0")
     _, named = placement.named_leaves(tree)
@@ -72,7 +72,7 @@ def _closed(conn: socket.socket) -> bool:
 
 
 def test_a_peer_breaking_the_protocol_is_refused_and_changes_nothing(
-    one_ps: launch.LocalPs,
+    one_ps: harness.LocalPs,
 ) -> None:
     client = _client(one_ps, {"w": np.zeros(1 << 18, np.float32)}, epoch=1)
     port = client.status(0).bulk_port
@@ -156,7 +156,7 @@ def test_a_peer_breaking_the_protocol_is_refused_and_changes_nothing(
 
 
 def test_a_client_without_the_bulk_path_and_one_with_it_see_the_same_values(
-    one_ps: launch.LocalPs,
+    one_ps: harness.LocalPs,
 ) -> None:
     rng = np.random.default_rng(1)
     tree = {"a": rng.standard_normal((700, 600)).astype(np.float32), "b": np.ones(3, np.float32)}
@@ -187,7 +187,7 @@ def test_a_client_without_the_bulk_path_and_one_with_it_see_the_same_values(
 
 
 def test_a_nan_gradient_on_the_bulk_path_is_invalid_argument_and_changes_nothing(
-    one_ps: launch.LocalPs,
+    one_ps: harness.LocalPs,
 ) -> None:
     tree = {"a": np.zeros(1 << 16, np.float32), "b": np.zeros(1 << 16, np.float32)}
     client = _client(one_ps, tree, epoch=3)
@@ -226,7 +226,7 @@ def test_a_nan_gradient_on_the_bulk_path_is_invalid_argument_and_changes_nothing
     client.close()
 
 
-def _replace(ps: launch.LocalPs, log: Path) -> None:
+def _replace(ps: harness.LocalPs, log: Path) -> None:
     """Kills ps-0 and starts another ps process at its address (as a replaced pod would be)."""
     ps.processes[0].kill()
     ps.processes[0].wait()
@@ -234,17 +234,17 @@ def _replace(ps: launch.LocalPs, log: Path) -> None:
     tf_config = cluster.build_tf_config(cluster=spec, task_type="ps", task_index=0)
     ps.processes[0] = subprocess.Popen(
         [sys.executable, "-m", "jaxps_runtime"],
-        env=launch.runtime_env({"TF_CONFIG": tf_config, "JAXPS_JOB_UID": JOB_ID}),
+        env=harness.runtime_env({"TF_CONFIG": tf_config, "JAXPS_JOB_UID": JOB_ID}),
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
     )
-    launch.wait_serving(ps.addresses[0], timeout=60, process=ps.processes[0])
+    harness.wait_serving(ps.addresses[0], timeout=60, process=ps.processes[0])
 
 
 def test_a_replaced_ps_is_unavailable_under_a_bulk_call_then_found_at_its_new_port(
     tmp_path: Path,
 ) -> None:
-    ps = launch.LocalPs.start(1, job_id=JOB_ID, log_dir=tmp_path)
+    ps = harness.LocalPs.start(1, job_id=JOB_ID, log_dir=tmp_path)
     tree = {"w": np.zeros(1 << 20, np.float32)}
     try:
         chief = _client(ps, tree, epoch=1)
@@ -280,7 +280,7 @@ def test_jaxps_bulk_off_keeps_a_ps_and_its_clients_on_grpc(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("JAXPS_BULK", "off")  # the ps processes inherit it
-    ps = launch.LocalPs.start(1, job_id=JOB_ID, log_dir=tmp_path)
+    ps = harness.LocalPs.start(1, job_id=JOB_ID, log_dir=tmp_path)
     try:
         client = _client(ps, {"w": np.ones(1000, np.float32)}, epoch=1)
         assert client.status(0).bulk_port == 0

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from jaxps_runtime.process import launch
+from tests.process import harness
 from tests.process.test_local import EXAMPLES, ROOT, alive_with_job_name, jaxps_local
 from tests.unit.test_filedata import write_idx
 
@@ -245,7 +245,7 @@ def test_the_recommender_example_learns_the_clicks(tmp_path: Path) -> None:
             "--workdir",
             str(tmp_path),
         ],
-        env=launch.runtime_env({}),
+        env=harness.runtime_env({}),
         capture_output=True,
         text=True,
         timeout=600,

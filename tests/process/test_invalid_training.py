@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from jaxps_runtime.config import training as config
-from jaxps_runtime.process import launch, termination
+from jaxps_runtime.process import termination
+from tests.process import harness
 
 pytestmark = pytest.mark.process
 
@@ -34,7 +35,7 @@ def test_a_worker_with_an_invalid_training_exits_78_with_its_termination_log(
 ) -> None:
     log = tmp_path / "termination-log"
     log.write_text("")  # as the kubelet creates it
-    job = launch.LocalJob.start(
+    job = harness.LocalJob.start(
         training=training,
         log_dir=tmp_path / "logs",
         ps=1,

@@ -15,7 +15,7 @@ import yaml
 
 from jaxps_operator import builders, local, schema
 from jaxps_runtime.config import cluster
-from jaxps_runtime.process import launch
+from tests.process import harness
 
 pytestmark = pytest.mark.process
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ def jaxps_local(
             str(tmp_path / "work"),
             *extra,
         ],
-        env=launch.runtime_env({"PYTHONPATH": str(ROOT / "operator"), **(env or {})}),
+        env=harness.runtime_env({"PYTHONPATH": str(ROOT / "operator"), **(env or {})}),
         capture_output=True,
         text=True,
         timeout=600,
@@ -223,7 +223,7 @@ def test_two_runs_of_one_manifest_started_together_keep_their_own_work_directori
     runs = [
         subprocess.Popen(
             [sys.executable, "-m", "jaxps_operator", "local", str(path), "--json"],
-            env=launch.runtime_env({"PYTHONPATH": str(ROOT / "operator")}),
+            env=harness.runtime_env({"PYTHONPATH": str(ROOT / "operator")}),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

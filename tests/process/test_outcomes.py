@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 import yaml
 
-from jaxps_runtime.process import launch
 from jaxps_runtime.ps import shardfile
+from tests.process import harness
 from tests.process.outcome_user import faulty
 
 pytestmark = pytest.mark.process
@@ -100,7 +100,7 @@ def jaxps_local(tmp_path: Path, manifest: dict[str, Any] | str, *kills: str) -> 
     started = time.monotonic()
     with subprocess.Popen(
         argv,
-        env=launch.runtime_env(
+        env=harness.runtime_env(
             {"PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(USER)])}
         ),
         stdout=subprocess.PIPE,

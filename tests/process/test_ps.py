@@ -20,9 +20,9 @@ from jaxps_runtime.client import placement
 from jaxps_runtime.client.psclient import PsClient, PsClientError, PsRestartedError
 from jaxps_runtime.config import catalog, cluster
 from jaxps_runtime.config import training as config
-from jaxps_runtime.process import launch
 from jaxps_runtime.wire import codec, rpc, streams
 from jaxps_runtime.wire.terms import Mode
+from tests.process import harness
 
 JOB_ID = "test-job"
 
@@ -32,7 +32,7 @@ _epochs = itertools.count(1)
 
 
 def _client(
-    ps: launch.LocalPs,
+    ps: harness.LocalPs,
     tree: Any,
     *,
     task: str = "chief-0",
@@ -46,7 +46,7 @@ def _client(
 
 
 def _init(
-    ps: launch.LocalPs, tree: Any, optimizer: config.OptimizerConfig = SGD_1, **kwargs: Any
+    ps: harness.LocalPs, tree: Any, optimizer: config.OptimizerConfig = SGD_1, **kwargs: Any
 ) -> tuple[PsClient, dict[str, np.ndarray]]:
     client = _client(ps, tree, **kwargs)
     _, named = placement.named_leaves(tree)
@@ -73,7 +73,7 @@ def _model(rng: np.random.Generator) -> dict[str, Any]:
     }
 
 
-def test_health_service_reports_serving(two_ps: launch.LocalPs) -> None:
+def test_health_service_reports_serving(two_ps: harness.LocalPs) -> None:
     for address in two_ps.addresses:
         with rpc.channel(address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
@@ -82,7 +82,7 @@ def test_health_service_reports_serving(two_ps: launch.LocalPs) -> None:
                 assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_push_then_pull_is_exact_with_sgd_learning_rate_one(two_ps: launch.LocalPs) -> None:
+def test_push_then_pull_is_exact_with_sgd_learning_rate_one(two_ps: harness.LocalPs) -> None:
     rng = np.random.default_rng(0)
     client, params = _init(two_ps, _model(rng), min_shard_bytes=64 << 10)
     assert {s.ps for s in client.placement.shards} == {0, 1}
@@ -101,7 +101,7 @@ def test_push_then_pull_is_exact_with_sgd_learning_rate_one(two_ps: launch.Local
     client.close()
 
 
-def test_concurrent_pushes_from_several_clients_are_all_applied(two_ps: launch.LocalPs) -> None:
+def test_concurrent_pushes_from_several_clients_are_all_applied(two_ps: harness.LocalPs) -> None:
     # Small integers are exact in float32 whatever the order of the additions.
     tree = {"w": np.zeros((256, 512), np.float32), "b": np.zeros(64, np.float32)}
     chief, _ = _init(two_ps, tree, min_shard_bytes=64 << 10)
@@ -135,7 +135,7 @@ def test_concurrent_pushes_from_several_clients_are_all_applied(two_ps: launch.L
         c.close()
 
 
-def test_a_64_mib_pytree_round_trips(two_ps: launch.LocalPs) -> None:
+def test_a_64_mib_pytree_round_trips(two_ps: harness.LocalPs) -> None:
     rng = np.random.default_rng(1)
     tree = {f"layer{i}": rng.standard_normal((1024, 2048)).astype(np.float32) for i in range(8)}
     assert sum(v.nbytes for v in tree.values()) == 64 << 20
@@ -151,7 +151,7 @@ def test_a_64_mib_pytree_round_trips(two_ps: launch.LocalPs) -> None:
     client.close()
 
 
-def test_sparse_row_pull_and_push_touch_only_those_rows(two_ps: launch.LocalPs) -> None:
+def test_sparse_row_pull_and_push_touch_only_those_rows(two_ps: harness.LocalPs) -> None:
     rows, dim = 50_000, 16
     table = np.arange(rows * dim, dtype=np.float32).reshape(rows, dim)
     client, _ = _init(two_ps, {"embedding": table, "bias": np.zeros(4, np.float32)})
@@ -171,7 +171,7 @@ def test_sparse_row_pull_and_push_touch_only_those_rows(two_ps: launch.LocalPs) 
     client.close()
 
 
-def test_sparse_updates_leave_other_rows_optimizer_state_alone(two_ps: launch.LocalPs) -> None:
+def test_sparse_updates_leave_other_rows_optimizer_state_alone(two_ps: harness.LocalPs) -> None:
     table = np.zeros((1000, 4), np.float32)
     client, _ = _init(
         two_ps,
@@ -191,7 +191,7 @@ def test_sparse_updates_leave_other_rows_optimizer_state_alone(two_ps: launch.Lo
     client.close()
 
 
-def test_a_client_of_another_job_is_refused(two_ps: launch.LocalPs) -> None:
+def test_a_client_of_another_job_is_refused(two_ps: harness.LocalPs) -> None:
     tree = {"w": np.ones(8, np.float32)}
     chief, _ = _init(two_ps, tree)
     intruder = _client(two_ps, tree, job_id="someone-else", task="worker-9")
@@ -209,7 +209,7 @@ def test_a_client_of_another_job_is_refused(two_ps: launch.LocalPs) -> None:
     chief.close()
 
 
-def test_a_retried_push_is_applied_once(two_ps: launch.LocalPs) -> None:
+def test_a_retried_push_is_applied_once(two_ps: harness.LocalPs) -> None:
     chief, _ = _init(two_ps, {"w": np.zeros(1000, np.float32)})
     grads = {"['w']": np.ones(1000, np.float32)}
     first = chief.update(grads, step=0, push_id="push-42")[2]
@@ -222,7 +222,7 @@ def test_a_retried_push_is_applied_once(two_ps: launch.LocalPs) -> None:
     chief.close()
 
 
-def test_pull_waits_for_a_minimum_step(two_ps: launch.LocalPs) -> None:
+def test_pull_waits_for_a_minimum_step(two_ps: harness.LocalPs) -> None:
     chief, _ = _init(two_ps, {"w": np.zeros(10, np.float32)})
     result: dict[str, Any] = {}
     waiter = _worker(chief, "worker-1")
@@ -246,7 +246,7 @@ def _bulk_calls(client: PsClient) -> float:
 
 
 @pytest.mark.parametrize("framing", ["packed", "streamed", "bulk"])
-def test_an_update_can_bring_back_the_new_values(two_ps: launch.LocalPs, framing: str) -> None:
+def test_an_update_can_bring_back_the_new_values(two_ps: harness.LocalPs, framing: str) -> None:
     tree = {"w": np.arange(600, dtype=np.float32), "b": np.zeros(3, np.float32)}
     chief, params = _init(two_ps, tree, min_shard_bytes=8)
     assert {s.ps for s in chief.placement.shards} == {0, 1}
@@ -282,7 +282,7 @@ def test_an_update_can_bring_back_the_new_values(two_ps: launch.LocalPs, framing
 
 
 def test_one_read_and_one_update_carry_dense_values_and_embedding_rows(
-    two_ps: launch.LocalPs,
+    two_ps: harness.LocalPs,
 ) -> None:
     rows, dim = 50_000, 16
     table = np.arange(rows * dim, dtype=np.float32).reshape(rows, dim)
@@ -310,7 +310,7 @@ def test_one_read_and_one_update_carry_dense_values_and_embedding_rows(
     client.close()
 
 
-def test_an_update_with_rows_out_of_range_changes_nothing(two_ps: launch.LocalPs) -> None:
+def test_an_update_with_rows_out_of_range_changes_nothing(two_ps: harness.LocalPs) -> None:
     table = np.zeros((1000, 4), np.float32)
     client, _ = _init(two_ps, {"e": table, "w": np.zeros(4, np.float32)}, min_shard_bytes=8)
     shard = client.placement.shards_of("['e']")[0]
@@ -340,7 +340,7 @@ def test_an_update_with_rows_out_of_range_changes_nothing(two_ps: launch.LocalPs
 
 
 def test_an_update_in_sync_mode_replies_once_the_step_is_complete(
-    two_ps: launch.LocalPs,
+    two_ps: harness.LocalPs,
 ) -> None:
     tree = {"w": np.zeros(4, np.float32)}
     chief = _mode_init(two_ps, tree, Mode(kind=parameter_server_pb2.SYNC), ["w-0", "w-1"])
@@ -366,7 +366,7 @@ def test_an_update_in_sync_mode_replies_once_the_step_is_complete(
         c.close()
 
 
-def test_malformed_packed_updates_are_refused_and_change_nothing(two_ps: launch.LocalPs) -> None:
+def test_malformed_packed_updates_are_refused_and_change_nothing(two_ps: harness.LocalPs) -> None:
     chief, _ = _init(two_ps, {"w": np.zeros(4, np.float32)})
     shard = chief.placement.shards_of("['w']")[0]
     spec = tensor_pb2.TensorSpec(name=shard.name, shape=[4], dtype="float32")
@@ -397,7 +397,7 @@ def _frames_stub_call(address: str, frames: list[bytes]) -> Any:
 
 
 def test_malformed_streamed_updates_are_refused_with_invalid_argument(
-    two_ps: launch.LocalPs,
+    two_ps: harness.LocalPs,
 ) -> None:
     chief, _ = _init(two_ps, {"w": np.zeros(4, np.float32)})
     shard = chief.placement.shards_of("['w']")[0]
@@ -450,7 +450,7 @@ def test_malformed_streamed_updates_are_refused_with_invalid_argument(
 
 
 def test_uninitialised_ps_refuses_pushes_and_the_generated_stub_interoperates() -> None:
-    ps = launch.LocalPs.start(1, job_id=JOB_ID)
+    ps = harness.LocalPs.start(1, job_id=JOB_ID)
     try:
         with rpc.channel(ps.addresses[0]) as channel:
             stub = parameter_server_pb2_grpc.ParameterServerStub(channel)  # type: ignore[no-untyped-call]
@@ -471,11 +471,11 @@ def test_uninitialised_ps_refuses_pushes_and_the_generated_stub_interoperates() 
 
 
 def test_sigterm_stops_a_ps_with_exit_code_143_it_did_not_finish() -> None:
-    ps = launch.LocalPs.start(1, job_id=JOB_ID)
+    ps = harness.LocalPs.start(1, job_id=JOB_ID)
     assert ps.stop(timeout=30) == [143]
 
 
-def test_bad_optimizer_is_refused_naming_the_field(two_ps: launch.LocalPs) -> None:
+def test_bad_optimizer_is_refused_naming_the_field(two_ps: harness.LocalPs) -> None:
     client = _client(two_ps, {"w": np.zeros(4, np.float32)})
     with pytest.raises(PsClientError) as caught:
         client.init(
@@ -489,7 +489,7 @@ def test_bad_optimizer_is_refused_naming_the_field(two_ps: launch.LocalPs) -> No
 
 
 def test_a_client_that_saw_another_incarnation_is_told_the_ps_restarted(
-    two_ps: launch.LocalPs,
+    two_ps: harness.LocalPs,
 ) -> None:
     chief, _ = _init(two_ps, {"w": np.zeros(4, np.float32)})
     stale = _worker(chief, "worker-1")
@@ -504,14 +504,14 @@ def test_a_client_that_saw_another_incarnation_is_told_the_ps_restarted(
     chief.close()
 
 
-def _mode_init(ps: launch.LocalPs, tree: Any, mode: Mode, workers: list[str]) -> PsClient:
+def _mode_init(ps: harness.LocalPs, tree: Any, mode: Mode, workers: list[str]) -> PsClient:
     client = _client(ps, tree)
     _, named = placement.named_leaves(tree)
     client.init(named, optimizer=SGD_1, epoch=next(_epochs), mode=mode, workers=workers)
     return client
 
 
-def test_sync_mode_averages_one_gradient_per_live_worker(two_ps: launch.LocalPs) -> None:
+def test_sync_mode_averages_one_gradient_per_live_worker(two_ps: harness.LocalPs) -> None:
     tree = {"w": np.zeros(8, np.float32)}
     chief = _mode_init(two_ps, tree, Mode(kind=parameter_server_pb2.SYNC), ["w-0", "w-1"])
     a, b = _worker(chief, "w-0"), _worker(chief, "w-1")
@@ -532,7 +532,7 @@ def test_sync_mode_averages_one_gradient_per_live_worker(two_ps: launch.LocalPs)
         c.close()
 
 
-def test_sync_mode_goes_on_when_the_chief_drops_a_dead_worker(two_ps: launch.LocalPs) -> None:
+def test_sync_mode_goes_on_when_the_chief_drops_a_dead_worker(two_ps: harness.LocalPs) -> None:
     tree = {"w": np.zeros(8, np.float32)}
     chief = _mode_init(two_ps, tree, Mode(kind=parameter_server_pb2.SYNC), ["w-0", "w-1"])
     alive = _worker(chief, "w-0")
@@ -545,7 +545,7 @@ def test_sync_mode_goes_on_when_the_chief_drops_a_dead_worker(two_ps: launch.Loc
     chief.close()
 
 
-def test_bounded_staleness_holds_back_a_worker_too_far_ahead(two_ps: launch.LocalPs) -> None:
+def test_bounded_staleness_holds_back_a_worker_too_far_ahead(two_ps: harness.LocalPs) -> None:
     tree = {"w": np.zeros(8, np.float32)}
     mode = Mode(kind=parameter_server_pb2.BOUNDED_STALENESS, max_staleness=1)
     chief = _mode_init(two_ps, tree, mode, ["w-0", "w-1"])
@@ -590,7 +590,7 @@ def _refused_count(client: PsClient, reason: str) -> float:
 
 @pytest.mark.parametrize("framing", ["packed", "streamed", "bulk"])
 def test_a_nan_gradient_is_refused_and_nothing_of_its_update_is_applied(
-    two_ps: launch.LocalPs, framing: str
+    two_ps: harness.LocalPs, framing: str
 ) -> None:
     tree = {"w": np.arange(600, dtype=np.float32), "b": np.zeros(3, np.float32)}
     chief, params = _init(two_ps, tree, min_shard_bytes=8)
@@ -623,7 +623,7 @@ def test_a_nan_gradient_is_refused_and_nothing_of_its_update_is_applied(
 
 
 def test_nan_gradient_rows_refuse_the_dense_gradients_pushed_with_them(
-    two_ps: launch.LocalPs,
+    two_ps: harness.LocalPs,
 ) -> None:
     tree = {
         "big": np.zeros(5000, np.float32),  # greedy by bytes: big, then e and w on the other ps
@@ -655,7 +655,7 @@ def test_nan_gradient_rows_refuse_the_dense_gradients_pushed_with_them(
 
 @pytest.mark.parametrize("framing", ["packed", "bulk"])
 def test_an_update_that_overflows_is_refused_and_the_parameters_keep_their_values(
-    two_ps: launch.LocalPs, framing: str
+    two_ps: harness.LocalPs, framing: str
 ) -> None:
     rng = np.random.default_rng(3)
     huge = config.OptimizerConfig("sgd", {"learning_rate": 1e30})
@@ -680,7 +680,7 @@ def test_an_update_that_overflows_is_refused_and_the_parameters_keep_their_value
     chief.close()
 
 
-def test_sync_mode_leaves_a_refused_gradient_out_of_the_step(two_ps: launch.LocalPs) -> None:
+def test_sync_mode_leaves_a_refused_gradient_out_of_the_step(two_ps: harness.LocalPs) -> None:
     tree = {"v": np.zeros(8, np.float32), "w": np.zeros(8, np.float32)}  # one on each ps
     chief = _mode_init(two_ps, tree, Mode(kind=parameter_server_pb2.SYNC), ["w-0", "w-1"])
     assert {s.ps for s in chief.placement.shards} == {0, 1}
@@ -719,7 +719,7 @@ def test_refused_updates_are_counted_by_reason_on_the_ps_metrics(
 ) -> None:
     port = cluster.free_ports(1)[0]
     monkeypatch.setenv("JAXPS_METRICS_PORT", str(port))
-    ps = launch.LocalPs.start(1, job_id=JOB_ID, log_dir=tmp_path)
+    ps = harness.LocalPs.start(1, job_id=JOB_ID, log_dir=tmp_path)
     name = "jaxps_ps_refused_updates_total"
     gradient = '{reason="nonfinite_gradient",task="ps-0"}'
     update = '{reason="nonfinite_update",task="ps-0"}'

@@ -11,11 +11,10 @@ import pytest
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps_runtime.client import psclient
-from jaxps_runtime.process import launch
 from jaxps_runtime.ps import shardfile
 from jaxps_runtime.train import checkpoint
 from jaxps_runtime.wire import rpc
-from tests.process import waiting
+from tests.process import harness, waiting
 
 pytestmark = pytest.mark.process
 Metric = Callable[[int, str], float | None]
@@ -41,20 +40,20 @@ def _training(tmp_path: Path, **changes: Any) -> dict[str, Any]:
     }
 
 
-def _start(jobs: list[launch.LocalJob], **kwargs: Any) -> launch.LocalJob:
+def _start(jobs: list[harness.LocalJob], **kwargs: Any) -> harness.LocalJob:
     """Starts a local job; the `jobs` fixture stops it after the test."""
-    job = launch.LocalJob.start(**kwargs)
+    job = harness.LocalJob.start(**kwargs)
     jobs.append(job)
     return job
 
 
-def _finish(job: launch.LocalJob, *, timeout: float = 300) -> dict[str, Any]:
+def _finish(job: harness.LocalJob, *, timeout: float = 300) -> dict[str, Any]:
     codes = job.wait(timeout=timeout)
     assert all(code == 0 for code in codes.values()), f"{codes}\n{job.logs()}"
     return job.summary()
 
 
-def _step(job: launch.LocalJob, metric: Metric, task: str) -> float:
+def _step(job: harness.LocalJob, metric: Metric, task: str) -> float:
     return metric(job.metrics_ports[task], "jaxps_global_step") or 0.0
 
 
@@ -62,21 +61,21 @@ def _step(job: launch.LocalJob, metric: Metric, task: str) -> float:
 def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The same job with nothing killed: what a disturbed run is compared with."""
     tmp = tmp_path_factory.mktemp("undisturbed")
-    job = launch.LocalJob.start(training=_training(tmp), log_dir=tmp / "logs")
+    job = harness.LocalJob.start(training=_training(tmp), log_dir=tmp / "logs")
     try:
         return _finish(job)
     finally:
         job.stop()
 
 
-def _kill_and_restart(job: launch.LocalJob, task: str) -> None:
+def _kill_and_restart(job: harness.LocalJob, task: str) -> None:
     job.processes[task].send_signal(signal.SIGKILL)
     assert job.processes[task].wait(timeout=30) == -signal.SIGKILL
     job.start_task(task, metrics_port=job.metrics_ports[task])
 
 
 def test_a_killed_ps_is_restarted_and_every_shard_rolls_back_to_the_last_checkpoint(
-    jobs: list[launch.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
+    jobs: list[harness.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
 ) -> None:
     kept = {"everySteps": EVERY, "keep": 20, "dir": str(tmp_path / "ckpt")}  # none pruned
     job = _start(
@@ -129,7 +128,7 @@ def test_a_killed_ps_is_restarted_and_every_shard_rolls_back_to_the_last_checkpo
         assert f"data from batch {restored.cursors[worker]}" in again[-1], (again, restored)
 
 
-def _ps_cursors(job: launch.LocalJob) -> dict[str, int]:
+def _ps_cursors(job: harness.LocalJob) -> dict[str, int]:
     """The workers' data cursors the ps tasks report in Status (highest over the ps)."""
     replies = []
     for address in job.spec["ps"]:
@@ -149,7 +148,7 @@ def _resumed_from(log: str) -> list[int]:
 
 
 def test_a_killed_worker_comes_back_where_its_data_left_off(
-    jobs: list[launch.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
+    jobs: list[harness.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
 ) -> None:
     job = _start(jobs, training=_training(tmp_path), log_dir=tmp_path / "logs")
     waiting.wait_for(lambda: _step(job, metric, "worker-1") >= 150, job, what="step 150")
@@ -168,7 +167,7 @@ def test_a_killed_worker_comes_back_where_its_data_left_off(
 
 
 def test_a_restarted_chief_adopts_the_live_state_and_the_step_never_goes_back(
-    jobs: list[launch.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
+    jobs: list[harness.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
 ) -> None:
     job = _start(jobs, training=_training(tmp_path), log_dir=tmp_path / "logs", chief=True)
     waiting.wait_for(lambda: _step(job, metric, "chief-0") >= 150, job, what="step 150")
@@ -183,7 +182,7 @@ def test_a_restarted_chief_adopts_the_live_state_and_the_step_never_goes_back(
 
 
 def test_a_ps_killed_while_writing_a_checkpoint_leaves_it_uncommitted(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     root = tmp_path / "ckpt"
     slow_saves = {"ps-0": {shardfile.FAILPOINT_SAVE_SLEEP: "3"}}
@@ -218,7 +217,7 @@ def test_a_ps_killed_while_writing_a_checkpoint_leaves_it_uncommitted(
 
 
 def test_a_ps_killed_during_the_final_checkpoint_still_gives_the_trained_result(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     root = tmp_path / "ckpt"
     steps = 200
@@ -240,7 +239,7 @@ def test_a_ps_killed_during_the_final_checkpoint_still_gives_the_trained_result(
 
 
 def test_a_corrupted_shard_file_is_named_and_the_previous_checkpoint_is_used(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     first = _start(jobs, training=_training(tmp_path, steps=160), log_dir=tmp_path / "first")
     _finish(first)
@@ -260,7 +259,7 @@ def test_a_corrupted_shard_file_is_named_and_the_previous_checkpoint_is_used(
 
 
 def test_a_checkpoint_of_another_placement_is_refused_with_a_clear_error(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     first = _start(jobs, training=_training(tmp_path, steps=60), log_dir=tmp_path / "first")
     _finish(first)
@@ -275,7 +274,7 @@ def test_a_checkpoint_of_another_placement_is_refused_with_a_clear_error(
 
 
 def test_tasks_started_in_reverse_order_still_train(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     training = {**_training(tmp_path, steps=200), "checkpoint": {}}
     job = _start(jobs, training=training, log_dir=tmp_path / "logs", order=["worker-1", "worker-0"])
@@ -293,7 +292,7 @@ def test_tasks_started_in_reverse_order_still_train(
 
 
 def test_a_ps_that_never_comes_is_reported_by_name_when_the_startup_timeout_ends(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     training = {**_training(tmp_path, steps=10), "startupTimeoutSeconds": 3, "checkpoint": {}}
     job = _start(

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from jaxps.sdk import Client, JobExistsError, JobNotFoundError
-from jaxps_runtime.process import launch
+from tests.process import harness
 from tests.process.test_local import alive_with_job_name
 
 pytestmark = pytest.mark.process
@@ -59,7 +59,7 @@ def client(tmp_path: Path) -> Iterator[Client]:
 def test_the_example_script_creates_waits_for_and_deletes_mnist_locally(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "sdk_mnist.py"), "--root", str(tmp_path)],
-        env=launch.runtime_env({"PYTHONPATH": os.pathsep.join([str(ROOT / "operator")])}),
+        env=harness.runtime_env({"PYTHONPATH": os.pathsep.join([str(ROOT / "operator")])}),
         capture_output=True,
         text=True,
         timeout=900,

@@ -19,11 +19,10 @@ from typing import Any
 import pytest
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
-from jaxps_runtime.process import launch
 from jaxps_runtime.ps import shardfile
 from jaxps_runtime.train import checkpoint
 from jaxps_runtime.wire import rpc
-from tests.process import waiting
+from tests.process import harness, waiting
 
 pytestmark = pytest.mark.process
 Metric = Callable[[int, str], float | None]
@@ -51,30 +50,30 @@ class Case:
     job: dict[str, Any] = field(default_factory=dict)
 
 
-def _start(jobs: list[launch.LocalJob], tmp_path: Path, **kwargs: Any) -> launch.LocalJob:
+def _start(jobs: list[harness.LocalJob], tmp_path: Path, **kwargs: Any) -> harness.LocalJob:
     """Starts a local job; the `jobs` fixture stops it after the test."""
     options: dict[str, Any] = {"ps": 1, "workers": 2, "training": TRAINING, **kwargs}
-    job = launch.LocalJob.start(log_dir=tmp_path / "logs", **options)
+    job = harness.LocalJob.start(log_dir=tmp_path / "logs", **options)
     jobs.append(job)
     return job
 
 
 def _wait_for(
-    condition: Callable[[], bool], job: launch.LocalJob, *, timeout: float = 180, what: str
+    condition: Callable[[], bool], job: harness.LocalJob, *, timeout: float = 180, what: str
 ) -> None:
     waiting.wait_for(condition, job, timeout=timeout, what=what)
 
 
-def _chief(job: launch.LocalJob) -> str:
+def _chief(job: harness.LocalJob) -> str:
     return "chief-0" if "chief" in job.spec else "worker-0"
 
 
-def _log(job: launch.LocalJob, task: str) -> str:
+def _log(job: harness.LocalJob, task: str) -> str:
     path = job.log_dir / f"{task}.log"
     return path.read_text() if path.exists() else ""
 
 
-def _signal(job: launch.LocalJob, task: str, signum: signal.Signals) -> tuple[int | None, float]:
+def _signal(job: harness.LocalJob, task: str, signum: signal.Signals) -> tuple[int | None, float]:
     """Sends `signum` to the task; its exit code (None: still running at the deadline) and the
     seconds it took to exit."""
     process = job.processes[task]
@@ -85,7 +84,7 @@ def _signal(job: launch.LocalJob, task: str, signum: signal.Signals) -> tuple[in
     return process.poll(), time.monotonic() - sent
 
 
-def _assert_stopped(job: launch.LocalJob, case: Case, code: int | None, seconds: float) -> None:
+def _assert_stopped(job: harness.LocalJob, case: Case, code: int | None, seconds: float) -> None:
     print(f"{case.task}: {case.signal.name} -> exit {code} in {seconds:.2f} s")
     assert code == case.code, f"{case.task} exited {code} after {seconds:.1f} s\n{job.logs()}"
     assert f"received {case.signal.name}: stopping" in _log(job, case.task), job.logs()
@@ -98,12 +97,12 @@ def _ps_status(address: str) -> ps_pb2.StatusReply:
         return reply
 
 
-def _assert_ps_serving(job: launch.LocalJob) -> None:
+def _assert_ps_serving(job: harness.LocalJob) -> None:
     """Every ps is still up, SERVING and READY: what a replacement chief adopts."""
     for i, address in enumerate(job.spec["ps"]):
         process = job.processes[f"ps-{i}"]
         assert process.poll() is None, f"ps-{i} exited {process.returncode}\n{job.logs()}"
-        launch.wait_serving(address, timeout=30, process=process)
+        harness.wait_serving(address, timeout=30, process=process)
         assert _ps_status(address).state == ps_pb2.READY
         assert "shutdown requested" not in _log(job, f"ps-{i}")
 
@@ -119,7 +118,7 @@ def _assert_ps_serving(job: launch.LocalJob) -> None:
     ],
 )
 def test_a_training_task_stops_promptly_with_its_exit_code_on_a_signal(
-    case: Case, jobs: list[launch.LocalJob], tmp_path: Path, metric: Metric
+    case: Case, jobs: list[harness.LocalJob], tmp_path: Path, metric: Metric
 ) -> None:
     job = _start(jobs, tmp_path, **case.job)
     chief = _chief(job)
@@ -141,7 +140,7 @@ def test_a_training_task_stops_promptly_with_its_exit_code_on_a_signal(
 
 
 def test_a_ps_exits_143_and_the_workers_waiting_for_it_to_come_back_stop_promptly(
-    jobs: list[launch.LocalJob], tmp_path: Path, metric: Metric
+    jobs: list[harness.LocalJob], tmp_path: Path, metric: Metric
 ) -> None:
     job = _start(jobs, tmp_path, ps=2)
     _wait_for(
@@ -166,7 +165,7 @@ def test_a_ps_exits_143_and_the_workers_waiting_for_it_to_come_back_stop_promptl
 
 
 def test_a_chief_waiting_for_a_ps_that_never_comes_stops_promptly(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     job = _start(jobs, tmp_path, workers=1, order=["worker-0"])
     _wait_for(lambda: "waiting for 1 ps" in _log(job, "worker-0"), job, what="the ps wait")
@@ -175,7 +174,7 @@ def test_a_chief_waiting_for_a_ps_that_never_comes_stops_promptly(
 
 
 def test_a_worker_waiting_for_a_chief_that_never_comes_stops_promptly(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     job = _start(jobs, tmp_path, workers=1, chief=True, order=["worker-0"])
     _wait_for(
@@ -186,9 +185,9 @@ def test_a_worker_waiting_for_a_chief_that_never_comes_stops_promptly(
 
 
 @pytest.fixture
-def paused() -> Iterator[list[launch.LocalJob]]:
+def paused() -> Iterator[list[harness.LocalJob]]:
     """Jobs with a SIGSTOPped task: continued before the `jobs` fixture stops them."""
-    started: list[launch.LocalJob] = []
+    started: list[harness.LocalJob] = []
     yield started
     for job in started:
         for process in job.processes.values():
@@ -197,7 +196,7 @@ def paused() -> Iterator[list[launch.LocalJob]]:
 
 
 def test_a_worker_waiting_at_a_sync_barrier_stops_promptly(
-    jobs: list[launch.LocalJob], paused: list[launch.LocalJob], tmp_path: Path, metric: Metric
+    jobs: list[harness.LocalJob], paused: list[harness.LocalJob], tmp_path: Path, metric: Metric
 ) -> None:
     job = _start(jobs, tmp_path, chief=True)
     paused.append(job)
@@ -221,7 +220,7 @@ def test_a_worker_waiting_at_a_sync_barrier_stops_promptly(
 
 
 def test_a_chief_stopped_while_a_checkpoint_is_written_commits_nothing(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     root = tmp_path / "ckpt"
     training = {**TRAINING, "checkpoint": {"dir": str(root), "everySteps": 50}}

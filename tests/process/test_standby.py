@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from jaxps_runtime.config import cluster
-from jaxps_runtime.process import launch, standby
+from jaxps_runtime.process import standby
+from tests.process import harness
 
 pytestmark = pytest.mark.process
 
 
 def _standby(tmp_path: Path) -> standby.Standby:
-    env = launch.runtime_env({"JAXPS_JOB_UID": "standby-job"})
+    env = harness.runtime_env({"JAXPS_JOB_UID": "standby-job"})
     return standby.Standby(env, log=tmp_path / "standby.log")
 
 
@@ -37,10 +38,10 @@ def test_a_standby_becomes_the_ps_it_is_given_and_serves(tmp_path: Path) -> None
     assert proc is ready.process
     try:
         address = json.loads(env["TF_CONFIG"])["cluster"]["ps"][0]
-        launch.wait_serving(address, timeout=120, process=proc)
+        harness.wait_serving(address, timeout=120, process=proc)
         assert "started from the job's standby" in (tmp_path / "ps-0.log").read_text()
     finally:
-        launch.LocalPs([], [proc]).stop()
+        harness.LocalPs([], [proc]).stop()
     assert proc.returncode == 143  # SIGTERM: a ps stopped mid-job
 
 
@@ -68,7 +69,7 @@ def test_a_standby_told_to_be_a_worker_refuses_with_exit_2(tmp_path: Path) -> No
 
 
 def test_a_standby_ends_with_its_input_and_refuses_a_bad_assignment(tmp_path: Path) -> None:
-    env = {**launch.runtime_env(), standby.STANDBY_ENV: "ps"}
+    env = {**harness.runtime_env(), standby.STANDBY_ENV: "ps"}
     command = [sys.executable, "-m", "jaxps_runtime"]
     ended = subprocess.run(
         command, env=env, input=b"", capture_output=True, timeout=120, check=False
@@ -92,9 +93,9 @@ def test_a_standby_ends_with_its_input_and_refuses_a_bad_assignment(tmp_path: Pa
 
 
 def test_a_standby_that_died_is_replaced_and_the_ps_starts_as_a_new_process(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
-    job = launch.LocalJob.start(
+    job = harness.LocalJob.start(
         training={"steps": 100_000}, log_dir=tmp_path / "logs", ps=1, workers=1, standby=True
     )
     jobs.append(job)
@@ -110,5 +111,5 @@ def test_a_standby_that_died_is_replaced_and_the_ps_starts_as_a_new_process(
     assert job.standby is not None
     assert job.standby.alive
     assert job.standby.process is not dead
-    launch.wait_serving(job.spec["ps"][0], timeout=120, process=restarted)
+    harness.wait_serving(job.spec["ps"][0], timeout=120, process=restarted)
     assert "started from the job's standby" not in (tmp_path / "logs" / "ps-0.log").read_text()

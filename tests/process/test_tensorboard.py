@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from jaxps_runtime.process import launch
-from tests.process import waiting
+from tests.process import harness, waiting
 from tests.unit.test_summaries import read
 
 pytestmark = pytest.mark.process
@@ -42,11 +41,11 @@ def steps(points: list[tuple[int, float]]) -> list[int]:
 
 @pytest.mark.parametrize("evaluator", [True, False], ids=["an-evaluator", "the-chief-evaluates"])
 def test_a_job_writes_training_curves_and_evaluations_up_to_its_last_step(
-    jobs: list[launch.LocalJob], tmp_path: Path, evaluator: bool
+    jobs: list[harness.LocalJob], tmp_path: Path, evaluator: bool
 ) -> None:
     board = tmp_path / "tensorboard"
     training = {**TRAINING, "tensorboard": {"dir": str(board), "flushSeconds": 1}}
-    job = launch.LocalJob.start(
+    job = harness.LocalJob.start(
         training=training, log_dir=tmp_path / "logs", ps=1, workers=2, evaluator=evaluator
     )
     jobs.append(job)
@@ -88,7 +87,7 @@ def test_a_job_writes_training_curves_and_evaluations_up_to_its_last_step(
 
 
 def test_a_chief_stopped_by_sigterm_closes_its_event_file(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     """With an hour between flushes, only closing the file puts the last tick on disk."""
     board = tmp_path / "tensorboard"
@@ -98,7 +97,7 @@ def test_a_chief_stopped_by_sigterm_closes_its_event_file(
         "workerTimeoutSeconds": 60,
         "tensorboard": {"dir": str(board), "flushSeconds": 3600},
     }
-    job = launch.LocalJob.start(training=training, log_dir=tmp_path / "logs", ps=1, workers=1)
+    job = harness.LocalJob.start(training=training, log_dir=tmp_path / "logs", ps=1, workers=1)
     jobs.append(job)
     chief_log = job.log_dir / "worker-0.log"
 
@@ -123,7 +122,7 @@ def test_a_chief_stopped_by_sigterm_closes_its_event_file(
 
 
 def test_the_training_curve_gets_a_point_every_summary_interval_not_every_log_tick(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     """The log tick (`logEverySeconds`, 30 s here) used to set the curve's points: a job of a
     few seconds got one. Now a point each time the global step crosses a multiple of
@@ -135,7 +134,7 @@ def test_the_training_curve_gets_a_point_every_summary_interval_not_every_log_ti
         "summaryEverySteps": 10,
         "tensorboard": {"dir": str(board), "flushSeconds": 1},
     }
-    job = launch.LocalJob.start(training=training, log_dir=tmp_path / "logs", ps=1, workers=2)
+    job = harness.LocalJob.start(training=training, log_dir=tmp_path / "logs", ps=1, workers=2)
     jobs.append(job)
     codes = job.wait(timeout=300)
     assert all(code == 0 for code in codes.values()), f"{codes}\n{job.logs()}"

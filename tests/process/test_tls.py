@@ -1,6 +1,6 @@
 """Mutual TLS between real processes: a job trains while strangers and wrong roles are refused.
 
-The job runs with its own CA (`launch.LocalJob.start(tls=True)`); the attacks come from this
+The job runs with its own CA (`harness.LocalJob.start(tls=True)`); the attacks come from this
 test process, each over a real gRPC channel to ps-0 while training goes on.
 """
 
@@ -23,8 +23,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime.config import cluster
-from jaxps_runtime.process import launch
 from jaxps_runtime.wire import bulk, credentials, rpc
+from tests.process import harness
 from tests.process.waiting import wait_for
 
 pytestmark = pytest.mark.process
@@ -94,11 +94,11 @@ def probe(port: int, path: str) -> int:
 
 
 def start_tls_job(
-    jobs: list[launch.LocalJob], tmp_path: Path, training: dict[str, Any], *, tasks: int
-) -> tuple[launch.LocalJob, str, credentials.TaskCredentials]:
+    jobs: list[harness.LocalJob], tmp_path: Path, training: dict[str, Any], *, tasks: int
+) -> tuple[harness.LocalJob, str, credentials.TaskCredentials]:
     """A job of `tasks` ps and `tasks` workers over mutual TLS; once ps-0 serves: the job, ps-0's
     address and the chief's (worker 0's) credentials."""
-    job = launch.LocalJob.start(
+    job = harness.LocalJob.start(
         training=training, log_dir=tmp_path / "logs", job_id=JOB, ps=tasks, workers=tasks, tls=True
     )
     jobs.append(job)
@@ -118,7 +118,7 @@ def impostor() -> credentials.TaskCredentials:
 
 
 def test_strangers_and_wrong_roles_are_refused_while_the_job_trains_to_the_end(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     job, ps0, chief = start_tls_job(jobs, tmp_path, TRAINING, tasks=2)
     worker = credentials.TaskCredentials.load(job.tls_dir("worker-1"))
@@ -180,7 +180,7 @@ def test_strangers_and_wrong_roles_are_refused_while_the_job_trains_to_the_end(
 
 
 def test_the_bulk_path_lets_in_and_refuses_the_certificates_grpc_does(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     training = {**TRAINING, "steps": 1_000_000}  # trains while the test runs; stopped after
     job, ps0, chief = start_tls_job(jobs, tmp_path, training, tasks=1)
@@ -215,7 +215,7 @@ def test_the_bulk_path_lets_in_and_refuses_the_certificates_grpc_does(
 
 
 def test_a_task_given_another_tasks_certificate_refuses_to_start(tmp_path: Path) -> None:
-    job = launch.LocalJob.start(
+    job = harness.LocalJob.start(
         training=TRAINING,
         log_dir=tmp_path / "logs",
         job_id=JOB,
@@ -233,7 +233,7 @@ def test_a_task_without_credentials_runs_in_plaintext_only_when_told(tmp_path: P
     tf_config = cluster.build_tf_config(
         cluster={"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, task_type="ps", task_index=0
     )
-    env = launch.runtime_env({"TF_CONFIG": tf_config})
+    env = harness.runtime_env({"TF_CONFIG": tf_config})
     env.pop("JAXPS_INSECURE")
     env.pop("JAXPS_TLS_DIR", None)
     done = subprocess.run(

@@ -20,8 +20,8 @@ from jaxps_runtime.config import cluster
 from jaxps_runtime.config import training as config
 from jaxps_runtime.data import builtin as datasets
 from jaxps_runtime.model import builtin as models
-from jaxps_runtime.process import launch
 from jaxps_runtime.train.task import Task
+from tests.process import harness
 
 pytestmark = pytest.mark.process
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -35,14 +35,14 @@ MLP = {
 
 
 def _run(
-    jobs: list[launch.LocalJob],
+    jobs: list[harness.LocalJob],
     tmp_path: Path,
     training: dict[str, Any],
     *,
     timeout: float = 240,
     **kwargs: Any,
-) -> tuple[launch.LocalJob, dict[str, Any]]:
-    job = launch.LocalJob.start(training=training, log_dir=tmp_path / "logs", **kwargs)
+) -> tuple[harness.LocalJob, dict[str, Any]]:
+    job = harness.LocalJob.start(training=training, log_dir=tmp_path / "logs", **kwargs)
     jobs.append(job)
     codes = job.wait(timeout=timeout)
     assert all(code == 0 for code in codes.values()), f"{codes}\n{job.logs()}"
@@ -50,7 +50,7 @@ def _run(
 
 
 def test_sync_mlp_on_digits_reaches_95_percent_and_every_process_exits_0(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     _, summary = _run(jobs, tmp_path, {**MLP, "mode": "sync"}, ps=2, workers=2)
     assert summary["event"] == "done"
@@ -89,7 +89,7 @@ def _reference_sync(training: config.TrainingConfig, *, workers: int) -> dict[st
 
 
 def test_sync_training_equals_one_process_taking_the_averaged_steps(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     raw = {**MLP, "mode": "sync", "steps": 40, "seed": 7, "exportPath": str(tmp_path / "final.npz")}
     _run(jobs, tmp_path, raw, ps=2, workers=2)
@@ -106,7 +106,7 @@ def test_sync_training_equals_one_process_taking_the_averaged_steps(
     ids=["async", "bounded-staleness", "sync-with-a-backup-worker"],
 )
 def test_async_bounded_staleness_and_backup_workers_converge(
-    jobs: list[launch.LocalJob], tmp_path: Path, mode: dict[str, Any]
+    jobs: list[harness.LocalJob], tmp_path: Path, mode: dict[str, Any]
 ) -> None:
     _, summary = _run(jobs, tmp_path, {**MLP, **mode}, ps=2, workers=2)
     assert summary["step"] == 300
@@ -114,7 +114,7 @@ def test_async_bounded_staleness_and_backup_workers_converge(
 
 
 def test_embedding_loss_falls_and_untouched_rows_stay_unchanged(
-    jobs: list[launch.LocalJob], tmp_path: Path
+    jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     raw = {
         "model": {"name": "embedding"},
@@ -146,7 +146,7 @@ def test_embedding_loss_falls_and_untouched_rows_stay_unchanged(
 
 
 def test_a_worker_killed_in_sync_mode_does_not_hang_the_others(
-    jobs: list[launch.LocalJob], tmp_path: Path, metric: Callable[[int, str], float | None]
+    jobs: list[harness.LocalJob], tmp_path: Path, metric: Callable[[int, str], float | None]
 ) -> None:
     training = {
         **MLP,
@@ -155,7 +155,7 @@ def test_a_worker_killed_in_sync_mode_does_not_hang_the_others(
         "heartbeatSeconds": 0.25,
         "workerTimeoutSeconds": 3,
     }
-    job = launch.LocalJob.start(training=training, log_dir=tmp_path / "logs", ps=2, workers=3)
+    job = harness.LocalJob.start(training=training, log_dir=tmp_path / "logs", ps=2, workers=3)
     jobs.append(job)
     port = job.metrics_ports["worker-0"]
     deadline = time.monotonic() + 120
@@ -171,7 +171,7 @@ def test_a_worker_killed_in_sync_mode_does_not_hang_the_others(
     assert "worker-2 sent no heartbeat" in (tmp_path / "logs" / "worker-0.log").read_text()
 
 
-def test_a_user_model_from_examples_trains(jobs: list[launch.LocalJob], tmp_path: Path) -> None:
+def test_a_user_model_from_examples_trains(jobs: list[harness.LocalJob], tmp_path: Path) -> None:
     training = {
         "model": {"name": "quadratic", "module": "quadratic:make_model"},
         "dataset": {"name": "synthetic"},
@@ -200,7 +200,7 @@ def test_a_user_model_from_examples_trains(jobs: list[launch.LocalJob], tmp_path
 
 
 def test_bad_training_configuration_exits_78_naming_the_field(tmp_path: Path) -> None:
-    job = launch.LocalJob.start(training={"steps": 0}, log_dir=tmp_path / "logs", ps=0, workers=1)
+    job = harness.LocalJob.start(training={"steps": 0}, log_dir=tmp_path / "logs", ps=0, workers=1)
     codes = job.wait(timeout=120)
     job.stop()
     assert codes == {"worker-0": config.EXIT_INVALID_TRAINING}
@@ -224,7 +224,7 @@ def test_tf1_flags_with_a_bad_training_file_exit_78_naming_the_field(tmp_path: P
             "--training",
             str(file),
         ],
-        env=launch.runtime_env({"JAXPS_METRICS_PORT": "0"}),
+        env=harness.runtime_env({"JAXPS_METRICS_PORT": "0"}),
         capture_output=True,
         text=True,
         timeout=120,
@@ -250,10 +250,10 @@ def test_tf1_flags_start_a_ps_that_a_sigterm_stops_with_exit_code_143() -> None:
             "ps",
             "--task_index=0",
         ],
-        env=launch.runtime_env({"JAXPS_METRICS_PORT": "0"}),
+        env=harness.runtime_env({"JAXPS_METRICS_PORT": "0"}),
     )
     try:
-        launch.wait_serving(address, timeout=60, process=proc)
+        harness.wait_serving(address, timeout=60, process=proc)
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 143  # stopped, not done: 128 + SIGTERM

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from jaxps_runtime.process import launch
+from tests.process import harness
 
 
 def wait_for(
-    condition: Callable[[], bool], job: launch.LocalJob, *, timeout: float = 120, what: str
+    condition: Callable[[], bool], job: harness.LocalJob, *, timeout: float = 120, what: str
 ) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

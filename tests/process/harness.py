@@ -1,17 +1,17 @@
-"""Starting ps processes on this machine (tests, benchmarks, the demo).
+"""Bare runtime tasks on 127.0.0.1 for the process tests and the benchmarks.
 
-Processes are started with subprocess, never forked, because grpc and jax must not be forked
-once imported (research pitfall 14). `LocalPs.stop` asks politely (SIGTERM), waits, then kills:
-nothing started here is left behind.
+A thin layer on `jaxps_operator.processes`, the one way jaxps starts, stops and reaps local
+processes (`jaxps local` runs its pods with it): here tasks are started by hand, with the ports,
+credentials and environment a test chooses, and can be killed and started again. Tasks run
+plaintext (JAXPS_INSECURE=1) unless given credentials (`LocalJob.start(tls=True)`). What gRPC
+adds, waiting for a task's health service to answer SERVING, lives here: the operator never
+imports gRPC. The benchmarks import this module with the repository root on sys.path.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,18 +21,18 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from jaxps_operator import processes
 from jaxps_runtime.config import cluster
-from jaxps_runtime.process.standby import Standby
+from jaxps_runtime.process.standby import RUNTIME, Standby
 from jaxps_runtime.wire import credentials, rpc
 
-RUNTIME_ROOT = Path(__file__).resolve().parents[2]
+STOP_SECONDS = 15.0  # from SIGTERM to SIGKILL when a test stops its tasks
 
 
 def runtime_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    paths = [str(RUNTIME_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    env.setdefault("JAX_PLATFORMS", "cpu")
+    """A task's environment: what a node gives it (`processes.node_env`), plaintext unless the
+    task is given credentials, then `extra` (which replaces any of it, PYTHONPATH included)."""
+    env = processes.node_env()
     env.setdefault("JAXPS_INSECURE", "1")  # tasks given credentials (tls=True) use them
     env.update(extra or {})
     return env
@@ -63,7 +63,7 @@ def wait_serving(
 
 @dataclass
 class LocalPs:
-    """ps processes of one job on 127.0.0.1."""
+    """ps processes of one job on 127.0.0.1 (a test may replace one in `processes`)."""
 
     addresses: list[str]
     processes: list[subprocess.Popen[bytes]]
@@ -78,45 +78,34 @@ class LocalPs:
         log_dir: Path | None = None,
         timeout: float = 60.0,
     ) -> LocalPs:
+        """Starts `num_ps` ps (output in `log_dir/ps-<i>.log`, or discarded) of a job that
+        also has `workers` workers, and waits until every one is SERVING."""
         ports = cluster.free_ports(num_ps + workers)
         spec = {
             "ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
             "worker": [f"127.0.0.1:{p}" for p in ports[num_ps:]],
         }
-        procs = []
+        running = cls(spec["ps"], [])
         for i in range(num_ps):
             tf_config = cluster.build_tf_config(cluster=spec, task_type="ps", task_index=i)
-            out = open(log_dir / f"ps-{i}.log", "wb") if log_dir else subprocess.DEVNULL  # noqa: SIM115
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "jaxps_runtime"],
+            running.processes.append(
+                processes.start(
+                    RUNTIME,
                     env=runtime_env({"TF_CONFIG": tf_config, "JAXPS_JOB_UID": job_id}),
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
+                    stdout=log_dir / f"ps-{i}.log" if log_dir else None,
                 )
             )
-        running = cls(spec["ps"], procs)
         try:
-            for address, proc in zip(running.addresses, procs, strict=True):
+            for address, proc in zip(running.addresses, running.processes, strict=True):
                 wait_serving(address, timeout=timeout, process=proc)
         except BaseException:
             running.stop()
             raise
         return running
 
-    def stop(self, *, timeout: float = 15.0) -> list[int | None]:
+    def stop(self, *, timeout: float = STOP_SECONDS) -> list[int | None]:
         """SIGTERM, wait up to `timeout`, then SIGKILL; returns the exit codes."""
-        for p in self.processes:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for p in self.processes:
-            try:
-                p.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        return [p.returncode for p in self.processes]
+        return processes.stop(self.processes, grace=timeout)
 
     def wait_exit(self, *, timeout: float) -> list[int | None]:
         deadline = time.monotonic() + timeout
@@ -134,12 +123,11 @@ class LocalJob:
     """Every task of a training job as processes on 127.0.0.1, with a log file per task."""
 
     spec: dict[str, list[str]]
-    processes: dict[str, subprocess.Popen[bytes]]
     log_dir: Path
     env: dict[str, str]
+    tasks: processes.Processes  # the started processes by task name, and the standby ps
     metrics_ports: dict[str, int] = field(default_factory=dict)
     authority: credentials.Authority | None = None  # the job's CA when it runs with mutual TLS
-    standby: Standby | None = None  # a loaded ps that a restarted ps becomes (`start(standby=)`)
 
     @classmethod
     def start(
@@ -162,8 +150,8 @@ class LocalJob:
 
         `task_env` adds environment variables to single tasks by name. With `tls`, the job gets
         its own CA and every task its certificate (in `log_dir/tls/<task>`): mutual TLS. With
-        `standby`, a ps started again (`start_task`) becomes a process loaded ahead (`Standby`),
-        and another is started for the next one.
+        `standby`, the job keeps a ps loaded ahead (`processes.Processes`), which a ps started
+        again (`start_task`) becomes.
         """
         counts = {"chief": int(chief), "ps": ps, "worker": workers, "evaluator": int(evaluator)}
         ports = iter(cluster.free_ports(2 * sum(counts.values())))
@@ -172,7 +160,12 @@ class LocalJob:
         }
         env = {"JAXPS_JOB_UID": job_id, "JAXPS_TRAINING": json.dumps(training), **(extra_env or {})}
         log_dir.mkdir(parents=True, exist_ok=True)
-        job = cls(spec=spec, processes={}, log_dir=log_dir, env=env)
+        job = cls(
+            spec=spec,
+            log_dir=log_dir,
+            env=env,
+            tasks=processes.Processes(standby_log=log_dir / "standby.log" if standby else None),
+        )
         names = [f"{role}-{i}" for role, addrs in spec.items() for i in range(len(addrs))]
         job.metrics_ports = {name: next(ports) for name in names}
         if tls:
@@ -186,9 +179,17 @@ class LocalJob:
             job.start_task(
                 name, metrics_port=job.metrics_ports[name], env=(task_env or {}).get(name)
             )
-        if standby and "ps" in spec:
-            job.standby = Standby(job.task_env("ps-0"), log=log_dir / "standby.log")
         return job
+
+    @property
+    def processes(self) -> dict[str, subprocess.Popen[bytes]]:
+        """Each task's latest process, by task name."""
+        return self.tasks.popens
+
+    @property
+    def standby(self) -> Standby | None:
+        """The ps loaded ahead (with `start(standby=True)`), once a ps has started."""
+        return self.tasks.standby
 
     def tls_dir(self, name: str) -> Path:
         """Where task `name`'s credentials are (with `tls`)."""
@@ -199,24 +200,14 @@ class LocalJob:
     ) -> subprocess.Popen[bytes]:
         """Starts (or starts again) one task; its stdout goes to <name>.out, logs to <name>.log.
         A ps becomes the job's standby when it has one that fits (then a new one is started)."""
-        full_env = self.task_env(name, metrics_port=metrics_port, env=env)
-        out, err = self.log_dir / f"{name}.out", self.log_dir / f"{name}.log"
-        proc = None
-        if self.standby is not None and name.startswith("ps-"):
-            proc = self.standby.take(full_env, stdout=out, stderr=err)
-            if proc is not None or not self.standby.alive:  # taken, or dead: another one
-                self.standby = Standby(full_env, log=self.log_dir / "standby.log")
-        if proc is None:
-            with open(out, "ab") as stdout, open(err, "ab") as stderr:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "jaxps_runtime"],
-                    env=full_env,
-                    stdout=stdout,
-                    stderr=stderr,
-                )
-        self.processes[name] = proc
         self.metrics_ports[name] = metrics_port
-        return proc
+        return self.tasks.start(
+            name,
+            env=self.task_env(name, metrics_port=metrics_port, env=env),
+            stdout=self.log_dir / f"{name}.out",
+            stderr=self.log_dir / f"{name}.log",
+            ps=name.startswith("ps-"),
+        )
 
     def task_env(
         self, name: str, *, metrics_port: int = 0, env: Mapping[str, str] | None = None
@@ -262,9 +253,6 @@ class LocalJob:
             f"--- {p.name}\n{p.read_text()[-4000:]}" for p in sorted(self.log_dir.glob("*.log"))
         )
 
-    def stop(self, *, timeout: float = 15.0) -> None:
+    def stop(self, *, timeout: float = STOP_SECONDS) -> None:
         """SIGTERM what still runs, then SIGKILL after `timeout`: nothing is left behind."""
-        if self.standby is not None:
-            self.standby.close()
-            self.standby = None
-        LocalPs(list(self.processes), list(self.processes.values())).stop(timeout=timeout)
+        self.tasks.stop_all(grace=timeout)
