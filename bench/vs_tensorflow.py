@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "runtime"))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests.process.harness
 
 import jax
 import numpy as np
@@ -79,8 +80,8 @@ from jaxps_runtime.client import placement
 from jaxps_runtime.config import catalog, cluster
 from jaxps_runtime.config import training as config
 from jaxps_runtime.model import builtin as models
-from jaxps_runtime.process import launch
 from jaxps_runtime.train.worker import overlap_steps_per_second
+from tests.process import harness
 
 BENCH = "vs_tensorflow"
 HERE = Path(__file__).resolve().parent
@@ -295,7 +296,7 @@ def run_tensorflow(python: str, case: dict[str, Any], data: Path, work: Path) ->
 def run_jaxps(case: dict[str, Any], work: Path, *, tls: bool, seed: int) -> dict[str, Any]:
     cpu = children_cpu_seconds()
     started = time.monotonic()
-    job = launch.LocalJob.start(
+    job = harness.LocalJob.start(
         training=jaxps_training(case, seed), log_dir=work, ps=PS, workers=WORKERS, tls=tls
     )
     try:
