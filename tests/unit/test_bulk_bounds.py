@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxps_runtime.ps import servicer as ps
+from jaxps_runtime.ps import checks as ps
 from jaxps_runtime.wire import bulk, streams
 
 

@@ -15,7 +15,8 @@ from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps_runtime.config.training import OptimizerConfig
 from jaxps_runtime.ps.held import Held
 from jaxps_runtime.ps.modes.policy import PsError, Push
-from jaxps_runtime.ps.store import ParameterStore, finite
+from jaxps_runtime.ps.store import ParameterStore
+from jaxps_runtime.ps.updates import finite
 from jaxps_runtime.wire import streams
 from jaxps_runtime.wire.streams import Spec
 from jaxps_runtime.wire.terms import NONFINITE_UPDATE, Mode
@@ -42,7 +43,7 @@ def _value(store: ParameterStore) -> np.ndarray:
 
 
 def _dense(store: ParameterStore, value: float) -> dict[str, tuple[Held, np.ndarray]]:
-    held = store.held("w", where="test")
+    held = store.shards.held("w", where="test")
     grad = held.staging()
     grad[:] = value
     return {"w": (held, grad)}
@@ -52,7 +53,7 @@ def _async_push(store: ParameterStore, worker: str, push_id: str, step: int = 0)
     """An async push as the servicer makes it: admit, apply on arrival, count."""
     if store.policy.admit(step) is not None:
         return False
-    held = store.held("w", where="test")
+    held = store.shards.held("w", where="test")
     store.apply_dense(held, np.ones(4, np.float32), push_id=push_id).result()
     return store.policy.count(Push(push_id, step, worker, 0, {})).accepted
 
@@ -180,7 +181,7 @@ def test_an_update_that_is_not_finite_leaves_the_shard_and_its_state_as_they_wer
     momentum = OptimizerConfig("sgd", {"learning_rate": 1e30, "momentum": 0.9})
     _init_with(store, momentum, Mode(kind=ps_pb2.ASYNC))
     before = store.snapshot_at(0, is_active=lambda: True)
-    held = store.held("w", where="test")
+    held = store.shards.held("w", where="test")
     with pytest.raises(PsError) as caught:
         store.apply_dense(held, np.full(4, 1e10, np.float32), push_id="p", who="by w-0").result()
     assert caught.value.reason == NONFINITE_UPDATE
@@ -195,14 +196,14 @@ def test_an_update_that_is_not_finite_leaves_the_shard_and_its_state_as_they_wer
         strict=True,
     ):
         assert np.array_equal(old, new)
-    assert store.already_applied("p") == set()  # a retry would try the shard again
+    assert store.updates.already_applied("p") == set()  # a retry would try the shard again
 
 
 def test_gradient_rows_whose_update_is_not_finite_are_not_written(store: ParameterStore) -> None:
     _init_with(store, HUGE, Mode(kind=ps_pb2.ASYNC))
-    held = store.held("w", where="test")
+    held = store.shards.held("w", where="test")
     with pytest.raises(PsError) as caught:
-        store.apply_sparse(
+        store.updates.sparse(
             held, np.array([1]), np.full((1,), 1e10, np.float32), push_id=""
         ).result()
     assert caught.value.reason == NONFINITE_UPDATE
@@ -278,16 +279,16 @@ def test_a_read_may_wait_for_any_step_up_to_the_last_one_only() -> None:
 def test_init_declares_which_shards_are_updated_by_rows(store: ParameterStore) -> None:
     table = Spec("e", (8, 2), np.dtype(np.float32))
     store.init(epoch=1, specs=[SPEC, table], optimizer=SGD, step=0, by_rows={"e"})
-    assert store.held("e", where="test").by_rows is True
-    assert store.held("w", where="test").by_rows is False
+    assert store.shards.held("e", where="test").by_rows is True
+    assert store.shards.held("w", where="test").by_rows is False
     store.init(epoch=2, specs=[SPEC, table], optimizer=SGD, step=0)
-    assert store.held("e", where="test").by_rows is None  # nothing declared: either kind
+    assert store.shards.held("e", where="test").by_rows is None  # nothing declared: either kind
 
 
 def test_an_unknown_shard_is_an_invalid_argument_naming_it(store: ParameterStore) -> None:
     _init(store, Mode())
     with pytest.raises(PsError, match="holds no shard 'nope'") as caught:
-        store.held("nope", where="Update.tensors[0]")
+        store.shards.held("nope", where="Update.tensors[0]")
     assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
 

@@ -38,7 +38,7 @@ def stores() -> Iterator[list[ParameterStore]]:
 
 
 def _grad(store: ParameterStore) -> np.ndarray:
-    buffer = store.held("w", where="test").staging()
+    buffer = store.shards.held("w", where="test").staging()
     buffer[:] = 1.0
     return buffer
 
@@ -50,7 +50,9 @@ def test_async_pushes_carry_the_cursor_into_status_and_snapshots(
     stores.append(store)
     for cursor in (1, 2, 3):
         assert store.policy.admit(0) is None
-        store.apply_dense(store.held("w", where="t"), _grad(store), push_id=f"p{cursor}").result()
+        store.apply_dense(
+            store.shards.held("w", where="t"), _grad(store), push_id=f"p{cursor}"
+        ).result()
         store.policy.count(Push(f"p{cursor}", 0, "worker-1", cursor, {}))
     assert store.cursors() == {"worker-1": 3}
     # A retried push (same push_id) counts nothing and moves no cursor back.
@@ -66,7 +68,7 @@ def test_sync_cursors_land_with_the_step_their_gradients_make(
 ) -> None:
     store = _store(Mode(kind=ps_pb2.SYNC))
     stores.append(store)
-    held = store.held("w", where="t")
+    held = store.shards.held("w", where="t")
     store.policy.count(Push("a", 0, "worker-0", 5, {"w": (held, _grad(store))}))
     # One of two gradients in: the step is not applied, so neither is the cursor.
     assert store.cursors() == {}

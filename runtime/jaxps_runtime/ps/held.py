@@ -59,6 +59,10 @@ class Counters:
         with self.lock:
             self.values[name] = self.values.get(name, 0.0) + amount
 
+    def refused(self, reason: str) -> None:
+        """Counts one update refused for `reason` (one of `terms.REFUSALS`)."""
+        self.add(f"refused_{reason}")
+
     def set(self, name: str, value: float) -> None:
         with self.lock:
             self.values[name] = value

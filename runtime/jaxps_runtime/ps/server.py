@@ -169,7 +169,7 @@ class PsServer:
                     chief=self._chief,
                     credentials=self._credentials,
                     on_call=lambda: store.counters.add("bulk_calls"),
-                    placed=store.specs,
+                    placed=store.shards.specs,
                 )
             except OSError as err:  # gRPC alone still serves every call
                 log.warning(
