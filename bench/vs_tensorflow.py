@@ -80,7 +80,7 @@ from jaxps_runtime.client import placement
 from jaxps_runtime.config import catalog, cluster
 from jaxps_runtime.config import training as config
 from jaxps_runtime.model import builtin as models
-from jaxps_runtime.train.worker import overlap_steps_per_second
+from jaxps_runtime.train.timing import overlap_steps_per_second
 from tests.process import harness
 
 BENCH = "vs_tensorflow"

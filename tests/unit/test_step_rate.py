@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxps_runtime.train.worker import overlap_steps_per_second
+from jaxps_runtime.train.timing import overlap_steps_per_second
 
 
 def test_side_by_side_workers_give_the_rate_of_the_common_window() -> None:

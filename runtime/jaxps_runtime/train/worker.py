@@ -22,64 +22,16 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxps_runtime.client.psclient import PsClientError, PsRestartedError
-from jaxps_runtime.train import outcome
+from jaxps_runtime.train import divergence, outcome, timing
 from jaxps_runtime.train.task import Task
-from jaxps_runtime.wire import terms
 
 log = logging.getLogger(__name__)
-
-
-SPAN_KEYS = ("firstStepTime", "firstStep", "lastStepTime", "lastStep")
-"""Heartbeat metrics a worker adds to its step split: the wall time and global step at the end
-of its first warm step and of its last step (see :func:`overlap_steps_per_second`)."""
-
-
-@dataclass
-class StepTimes:
-    """Seconds spent per step in each phase, summed after the first (compiling) step, and the
-    span (wall time, global step) the warm steps covered."""
-
-    pull: float = 0.0
-    compute: float = 0.0
-    push: float = 0.0
-    steps: int = 0
-    examples: int = 0
-    started: float = field(default_factory=time.perf_counter)
-    warm: bool = False
-    span: list[float] = field(default_factory=list)
-
-    def add(self, *, pull: float, compute: float, push: float, examples: int, step: int) -> None:
-        now = time.time()
-        if not self.warm:  # the first step compiles: leave it out
-            self.warm = True
-            self.started = time.perf_counter()
-            self.span = [now, step, now, step]
-            return
-        self.pull += pull
-        self.compute += compute
-        self.push += push
-        self.steps += 1
-        self.examples += examples
-        self.span[2:] = [now, step]
-
-    def means(self) -> dict[str, float]:
-        """The mean split of a step (seconds) and, once warm, the span (SPAN_KEYS)."""
-        n = max(self.steps, 1)
-        split = {"pull": self.pull / n, "compute": self.compute / n, "push": self.push / n}
-        return {**split, **dict(zip(SPAN_KEYS, self.span, strict=False))}
-
-    def examples_per_second(self) -> float:
-        elapsed = time.perf_counter() - self.started
-        return self.examples / elapsed if elapsed > 0 else 0.0
 
 
 # Failures of the ps tier a worker waits out: a ps down or restarted, or rolled back by the chief.
@@ -95,53 +47,7 @@ RECOVERABLE = frozenset(
 )
 
 
-DIVERGED_STEP, DIVERGED_BATCH, DIVERGED_EPOCH = "divergedStep", "divergedBatch", "divergedEpoch"
-"""Heartbeat metrics of a worker that diverged with `training.onDivergence: rollback`: the
-global step, its batch (data cursor) and the epoch it diverged at; the chief rolls back once
-per report of its current epoch."""
-
-
 _DIVERGED = -2  # `_step`'s answer when it reported a divergence for a rollback
-
-
-def _finite_step(loss: Any) -> Any:
-    """`jax.value_and_grad(loss)` that also says whether the loss and every gradient are
-    finite: one boolean reduced inside the same compiled step (no host pass over the grads)."""
-    value_and_grad = jax.value_and_grad(loss)
-
-    def step(params: Any, batch: Any) -> tuple[Any, Any, Any]:
-        value, grads = value_and_grad(params, batch)
-        finite = jnp.isfinite(value)
-        for leaf in jax.tree_util.tree_leaves(grads):
-            finite = finite & jnp.all(jnp.isfinite(leaf))
-        return value, grads, finite
-
-    return jax.jit(step)
-
-
-def _not_finite(err: PsClientError) -> bool:
-    """Whether a ps refused an update because its gradient or its result was not finite (the
-    reason it sends with the refusal, on gRPC and on the bulk path alike)."""
-    return err.reason in (terms.NONFINITE_GRADIENT, terms.NONFINITE_UPDATE)
-
-
-def overlap_steps_per_second(spans: list[tuple[float, float, float, float]]) -> float:
-    """Global steps per second while every worker trained, from each worker's span (first warm
-    step's wall time and global step, last step's wall time and global step).
-
-    A worker that starts late (TensorFlow's non-chief sleeps 30 s when it finds the chief not
-    ready yet) would otherwise count the others' solo steps as if they ran side by side. With
-    no common window (one worker finished before another began) it is the whole span's rate.
-    """
-    if not spans:
-        return 0.0
-    start = max(spans, key=lambda s: s[0])
-    end = min(spans, key=lambda s: s[2])
-    t0, step0, t1, step1 = start[0], start[1], end[2], end[3]
-    if t1 <= t0 or step1 <= step0:
-        t0, step0 = min((s[0], s[1]) for s in spans)
-        t1, step1 = max((s[2], s[3]) for s in spans)
-    return (step1 - step0) / (t1 - t0) if t1 > t0 else 0.0
 
 
 class Worker:
@@ -155,13 +61,13 @@ class Worker:
         self.finished = threading.Event()  # the chief says training is over
         self.step = 0
         self.loss = math.nan
-        self.times = StepTimes()
+        self.times = timing.StepTimes()
         # Batches of this worker's data shard used so far. Each push carries the cursor it
         # makes; the ps tier records it with the update (and in checkpoints), and a worker
         # (re)starting or recovering goes on from that record: after the last batch whose
         # gradient reached the ps, or from the restored checkpoint's position.
         self.cursor = 0
-        self._grad = _finite_step(task.model.loss)
+        self._grad = divergence.finite_step(task.model.loss)
         self.waiting = ""  # what the worker waits for now: its heartbeats say it
         self.drained = False  # its training is over; it waits for the chief to end the job
         self.last_heard = time.monotonic()  # the chief's last answer to a heartbeat
@@ -170,23 +76,6 @@ class Worker:
         self._table_rows = {
             v.name: v.shape[0] for v in task.placement.variables if v.name in task.tables
         }
-
-    def _wanted_rows(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The rows the batch uses per table, unique; remaps the batch's ids to positions in
-        them. Padded (with the first row again, whose padding gradients are zero) to as many
-        rows as the batch has ids or the table has rows, whichever is fewer: one shape per
-        table for every batch, so the step compiles once, whatever the number of unique ids
-        (a model with many tables would otherwise meet new shapes at nearly every step)."""
-        wanted: dict[str, np.ndarray] = {}
-        for variable, key in self.task.tables.items():
-            ids = np.asarray(batch[key], dtype=np.int64)
-            unique, inverse = np.unique(ids, return_inverse=True)
-            size = max(min(ids.size, self._table_rows[variable]), unique.size)
-            padded = np.full(size, unique[0] if unique.size else 0, np.int64)
-            padded[: unique.size] = unique
-            wanted[variable] = padded
-            batch[key] = inverse.reshape(ids.shape)
-        return wanted
 
     def _heartbeats(self, coordinator: Any, *, every: float) -> None:
         while not self.finished.wait(every):
@@ -267,7 +156,7 @@ class Worker:
             try:
                 min_step = self._step(min_step=min_step, sync=sync)
             except PsClientError as err:
-                if _not_finite(err):
+                if divergence.refused_as_not_finite(err):
                     self._diverge(f"a ps refused its update: {err}")
                 elif err.code not in RECOVERABLE and not isinstance(err, PsRestartedError):
                     raise
@@ -330,18 +219,16 @@ class Worker:
             )
         log.error("%s: %s %s: reporting it for a rollback", task.name, what, where)
         self.skip.add(self.cursor)
-        self.diverged = {
-            DIVERGED_STEP: float(self.step),
-            DIVERGED_BATCH: float(self.cursor),
-            DIVERGED_EPOCH: float(self.client.epoch),
-        }
+        self.diverged = divergence.report(
+            step=self.step, batch=self.cursor, epoch=self.client.epoch
+        )
 
     def _recover(self, err: PsClientError | str) -> bool:
         """Waits until every ps is ready again at one epoch (a newer one after a reported
         divergence); False if training ended meanwhile."""
         log.warning("%s: %s; waiting for the ps tier to be ready again", self.task.name, err)
         started = time.monotonic()
-        diverged_at = int(self.diverged[DIVERGED_EPOCH]) if self.diverged else None
+        diverged_at = int(self.diverged[divergence.DIVERGED_EPOCH]) if self.diverged else None
         self.waiting = "every ps to be ready again (a rollback)"
         self.client.incarnations = [0] * len(self.client.incarnations)
         while not self.finished.is_set():
@@ -392,7 +279,7 @@ class Worker:
                 step=self.cursor,
                 batch_size=training.batchSize,
             )
-        rows = self._wanted_rows(batch)
+        rows = _wanted_rows(batch, tables=task.tables, table_rows=self._table_rows)
         params: dict[str, Any]
         if self._pulled is not None:  # sync: the last update brought this step's values
             step, self._pulled = self._pulled, None
@@ -414,7 +301,7 @@ class Worker:
             named = {n: np.asarray(g) for n, g in task.layout.named(grads).items()}
         self.loss = float(loss)
         if not bool(finite):
-            self._diverge(_what_is_not_finite(self.loss, named))
+            self._diverge(divergence.what_is_not_finite(self.loss, named))
             return _DIVERGED
         computed = time.perf_counter()
         # One Update per ps, the embedding rows included. Sync without tables: the update,
@@ -461,11 +348,24 @@ class Worker:
         return 0
 
 
-def _what_is_not_finite(loss: float, grads: dict[str, np.ndarray]) -> str:
-    if not math.isfinite(loss):
-        return f"the loss is {loss}"
-    name = next((n for n, g in grads.items() if not np.isfinite(g).all()), "?")
-    return f"the gradient of {name} is not finite (the loss is {loss:.6g})"
+def _wanted_rows(
+    batch: dict[str, np.ndarray], *, tables: dict[str, str], table_rows: dict[str, int]
+) -> dict[str, np.ndarray]:
+    """The rows the batch uses per table, unique; remaps the batch's ids to positions in
+    them. Padded (with the first row again, whose padding gradients are zero) to as many
+    rows as the batch has ids or the table has rows, whichever is fewer: one shape per
+    table for every batch, so the step compiles once, whatever the number of unique ids
+    (a model with many tables would otherwise meet new shapes at nearly every step)."""
+    wanted: dict[str, np.ndarray] = {}
+    for variable, key in tables.items():
+        ids = np.asarray(batch[key], dtype=np.int64)
+        unique, inverse = np.unique(ids, return_inverse=True)
+        size = max(min(ids.size, table_rows[variable]), unique.size)
+        padded = np.full(size, unique[0] if unique.size else 0, np.int64)
+        padded[: unique.size] = unique
+        wanted[variable] = padded
+        batch[key] = inverse.reshape(ids.shape)
+    return wanted
 
 
 def run(task: Task) -> int:

@@ -1,0 +1,69 @@
+"""A divergence, both ways: how a worker finds that its step is not finite, and the report it
+heartbeats to the chief with `training.onDivergence: rollback`, which the chief reads
+(`reported`) to roll the ps tier back once per report of its current epoch."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxps_runtime.client.psclient import PsClientError
+from jaxps_runtime.train.coordinator import Member
+from jaxps_runtime.wire import terms
+
+DIVERGED_STEP, DIVERGED_BATCH, DIVERGED_EPOCH = "divergedStep", "divergedBatch", "divergedEpoch"
+"""Heartbeat metrics of a worker that diverged with `training.onDivergence: rollback`: the
+global step, its batch (data cursor) and the epoch it diverged at; the chief rolls back once
+per report of its current epoch."""
+
+
+def finite_step(loss: Any) -> Any:
+    """`jax.value_and_grad(loss)` that also says whether the loss and every gradient are
+    finite: one boolean reduced inside the same compiled step (no host pass over the grads)."""
+    value_and_grad = jax.value_and_grad(loss)
+
+    def step(params: Any, batch: Any) -> tuple[Any, Any, Any]:
+        value, grads = value_and_grad(params, batch)
+        finite = jnp.isfinite(value)
+        for leaf in jax.tree_util.tree_leaves(grads):
+            finite = finite & jnp.all(jnp.isfinite(leaf))
+        return value, grads, finite
+
+    return jax.jit(step)
+
+
+def refused_as_not_finite(err: PsClientError) -> bool:
+    """Whether a ps refused an update because its gradient or its result was not finite (the
+    reason it sends with the refusal, on gRPC and on the bulk path alike)."""
+    return err.reason in (terms.NONFINITE_GRADIENT, terms.NONFINITE_UPDATE)
+
+
+def what_is_not_finite(loss: float, grads: dict[str, np.ndarray]) -> str:
+    if not math.isfinite(loss):
+        return f"the loss is {loss}"
+    name = next((n for n, g in grads.items() if not np.isfinite(g).all()), "?")
+    return f"the gradient of {name} is not finite (the loss is {loss:.6g})"
+
+
+def report(*, step: int, batch: int, epoch: int) -> dict[str, float]:
+    """The heartbeat metrics of a divergence at `step` on `batch`, at `epoch`."""
+    return {DIVERGED_STEP: float(step), DIVERGED_BATCH: float(batch), DIVERGED_EPOCH: float(epoch)}
+
+
+def reported(members: Iterable[Member], *, workers: Collection[str], epoch: int) -> str | None:
+    """A worker's report of a divergence at `epoch`, as the reason of the rollback it asks
+    for; None without one."""
+    for m in members:
+        if m.task not in workers or DIVERGED_EPOCH not in m.metrics:
+            continue
+        if int(m.metrics[DIVERGED_EPOCH]) == epoch:
+            return (
+                f"{m.task} diverged at global step {int(m.metrics.get(DIVERGED_STEP, 0))} "
+                f"(batch {int(m.metrics.get(DIVERGED_BATCH, 0))} of its data shard)"
+            )
+    return None
