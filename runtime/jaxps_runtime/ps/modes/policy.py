@@ -1,10 +1,11 @@
 """How a ps turns pushed gradients into updates: the interface of its training modes.
 
 A `Policy` is the part of a ps that differs between `TrainingMode`s; `store.ParameterStore`
-holds the state, the locking and the updates themselves, and builds one policy per Init:
-- `mode_async.Async`: every gradient is applied on arrival and counts one step;
-- `mode_bounded.Bounded`: the same, and a read waits while its worker is too far ahead;
-- `mode_sync.Sync`: one gradient per live worker and step is summed in place; the mean is
+holds the state and the locking, its `updates.Updater` the updates themselves, and the store
+builds one policy per Init, on the narrow `Store` below:
+- `asynchronous.Async`: every gradient is applied on arrival and counts one step;
+- `bounded.Bounded`: the same, and a read waits while its worker is too far ahead;
+- `sync.Sync`: one gradient per live worker and step is summed in place; the mean is
   applied once they are in, and gradients of a closed step are refused as stale.
 Each policy is driven directly by its tests, without gRPC. Errors are `PsError`s carrying the
 gRPC status code the servicer answers with.
