@@ -9,9 +9,11 @@ key twice at once, and run one level-based pass in a thread, so blocking API cal
 the event loop: `reconcile.reconcile` on `kube.KubeCluster`, the same pass `jaxps local` runs.
 
 Events that arrive during a pass queue the key again; a Plan's `requeue_after` (deadline, TTL)
-and the progress interval are real timers. The status is written with the resourceVersion that
-was read, so a concurrent change (409) just repeats the pass. Pods are created with deterministic
-names, so a create that answers 409 is success and a restarted operator creates no duplicates.
+and the progress interval are real timers; a pass that fails is tried again after a per-key
+exponential backoff with jitter (`workqueue`), which a successful pass resets. The status is
+written with the resourceVersion that was read, so a concurrent change (409) just repeats the
+pass (0.1 s later; a conflict is no failure). Pods are created with deterministic names, so a
+create that answers 409 is success and a restarted operator creates no duplicates.
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from jaxps_operator import builders, kube, reconcile
 from jaxps_operator.conditions import STATES
+from jaxps_operator.workqueue import Key, WorkQueue
 
 PREFIX = "jaxps.dev"
 CHILD_CALLS = 8  # creates or deletes of one pass in flight at once
-Key = tuple[str, str]  # (namespace, name)
 log = logging.getLogger("jaxps.operator")
 
 
@@ -119,67 +121,6 @@ class Reconciler:
         return outcome
 
 
-# --- the work queue (event loop) -----------------------------------------------------------------
-
-
-class WorkQueue:
-    """Keys to reconcile: deduplicated, one pass per key at a time, delayed adds as timers."""
-
-    def __init__(self) -> None:
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._pending: set[Key] = set()
-        self._active: set[Key] = set()
-        self._again: set[Key] = set()
-        self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
-
-    def __len__(self) -> int:
-        return len(self._pending)
-
-    def add(self, key: Key) -> None:
-        if key in self._active:
-            self._again.add(key)
-        elif key not in self._pending:
-            self._pending.add(key)
-            self._queue.put_nowait(key)
-
-    def add_after(self, key: Key, delay: float) -> None:
-        """Adds `key` in `delay` seconds, unless an earlier timer is already set."""
-        loop = asyncio.get_running_loop()
-        due = loop.time() + max(delay, 0.0)
-        current = self._timers.get(key)
-        if current is not None and current[0] <= due and not current[1].cancelled():
-            return
-        if current is not None:
-            current[1].cancel()
-
-        def fire() -> None:
-            self._timers.pop(key, None)
-            self.add(key)
-
-        self._timers[key] = (due, loop.call_at(due, fire))
-
-    def forget(self, key: Key) -> None:
-        timer = self._timers.pop(key, None)
-        if timer is not None:
-            timer[1].cancel()
-
-    async def get(self) -> Key:
-        key = await self._queue.get()
-        self._pending.discard(key)
-        self._active.add(key)
-        return key
-
-    def done(self, key: Key) -> None:
-        self._active.discard(key)
-        if key in self._again:
-            self._again.discard(key)
-            self.add(key)
-
-    def tracked(self) -> set[Key]:
-        """Every key queued, in a pass, or waiting on a timer."""
-        return set(self._timers) | self._pending | self._active
-
-
 @dataclass
 class Controller:
     """The kopf-side state: the queue, the workers, what each job's state was last seen as."""
@@ -237,18 +178,22 @@ class Controller:
                 self.queue.add_after(key, 0.1)
             except kube.ApiException as err:
                 self.metrics.errors.inc()
+                delay = self.queue.retry(key)
                 log.warning(
-                    "TrainingJob %s/%s: the API answered %s: %s; retrying in 5 s",
+                    "TrainingJob %s/%s: the API answered %s: %s; retrying in %.1f s",
                     *key,
                     err.status,
                     kube.message(err),
+                    delay,
                 )
-                self.queue.add_after(key, 5.0)
             except Exception:
                 self.metrics.errors.inc()
-                log.exception("TrainingJob %s/%s: reconcile failed; retrying in 5 s", *key)
-                self.queue.add_after(key, 5.0)
+                delay = self.queue.retry(key)
+                log.exception(
+                    "TrainingJob %s/%s: reconcile failed; retrying in %.1f s", *key, delay
+                )
             else:
+                self.queue.succeeded(key)
                 if outcome.state is None:
                     self.forget(key)
                 else:

@@ -1,11 +1,17 @@
-"""The operator's work queue (pure asyncio, no API): dedup, one pass per key, timers."""
+"""The operator's work queue (pure asyncio, no API): dedup, one pass per key, timers, and the
+per-key backoff after failed passes."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 
-from jaxps_operator.controller import WorkQueue
+import pytest
+
 from jaxps_operator.kube import pod_state
+from jaxps_operator.workqueue import Backoff, WorkQueue
+
+A, B = ("ns", "a"), ("ns", "b")
 
 
 def test_a_key_added_twice_is_queued_once() -> None:
@@ -48,6 +54,80 @@ def test_the_earliest_timer_wins() -> None:
         queue.add_after(("ns", "b"), 30.0)
         queue.forget(("ns", "b"))
         assert queue.tracked() == set()
+
+    asyncio.run(scenario())
+
+
+def test_the_backoff_doubles_with_each_failure_in_a_row_of_one_key() -> None:
+    backoff = Backoff(initial=0.5, cap=100.0, jitter=0.0)
+    assert [backoff.failed(A) for _ in range(5)] == [0.5, 1.0, 2.0, 4.0, 8.0]
+    assert backoff.failures(A) == 5
+    assert backoff.failed(B) == 0.5  # another key's failures are its own
+    assert backoff.failures(B) == 1
+
+
+def test_the_backoff_stops_growing_at_its_cap() -> None:
+    backoff = Backoff(initial=1.0, cap=60.0, jitter=1.0)
+    delays = [backoff.failed(A) for _ in range(200)]  # 2**199 would overflow a float's range
+    assert delays[5] >= 32.0
+    assert all(d == 60.0 for d in delays[6:])
+    assert max(delays) == 60.0
+
+
+@pytest.mark.parametrize("failure", [1, 2, 3, 4], ids=lambda n: f"failure-{n}")
+def test_the_jitter_adds_at_most_its_bound_and_spreads_keys_apart(failure: int) -> None:
+    random.seed(failure)
+    backoff = Backoff(initial=1.0, cap=60.0, jitter=1.0)
+    base = 2.0 ** (failure - 1)
+    delays = []
+    for key in [("ns", f"job-{k}") for k in range(100)]:
+        for _ in range(failure - 1):
+            backoff.failed(key)
+        delays.append(backoff.failed(key))
+    assert all(base <= d <= base + 1.0 for d in delays)
+    assert len(set(delays)) > 90  # keys failing together do not come back together
+    assert max(delays) - min(delays) > 0.5
+
+
+def test_a_success_or_a_deletion_starts_the_backoff_over() -> None:
+    async def scenario() -> None:
+        queue = WorkQueue(Backoff(initial=1.0, cap=60.0, jitter=0.0))
+        assert [queue.retry(A) for _ in range(3)] == [1.0, 2.0, 4.0]
+        queue.succeeded(A)
+        assert queue.backoff.failures(A) == 0
+        assert queue.retry(A) == 1.0
+        queue.retry(B)
+        queue.retry(B)
+        queue.forget(B)
+        assert queue.backoff.failures(B) == 0
+        assert B not in queue.tracked()
+        assert queue.retry(B) == 1.0
+        queue.forget(A)
+        queue.forget(B)
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_key_comes_back_after_its_delay_not_at_once() -> None:
+    async def scenario() -> None:
+        queue = WorkQueue(Backoff(initial=0.05, cap=60.0, jitter=0.0))
+        queue.add(A)
+        key = await queue.get()
+        assert queue.retry(key) == 0.05  # the pass failed
+        queue.done(key)
+        assert len(queue) == 0
+        assert A in queue.tracked()  # waiting on its timer
+        assert await asyncio.wait_for(queue.get(), 5) == A
+
+    asyncio.run(scenario())
+
+
+def test_a_requeue_due_sooner_than_the_backoff_still_wins() -> None:
+    async def scenario() -> None:
+        queue = WorkQueue(Backoff(initial=30.0, cap=60.0, jitter=0.0))
+        queue.add_after(A, 0.01)  # a Plan's requeue_after
+        assert queue.retry(A) == 30.0
+        assert await asyncio.wait_for(queue.get(), 5) == A
 
     asyncio.run(scenario())
 
