@@ -14,11 +14,9 @@ import grpc
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime.ps.held import Counters
+from jaxps_runtime.ps.held import STATE_NAMES, Counters
 from jaxps_runtime.ps.modes.policy import PsError
 from jaxps_runtime.wire import rpc
-
-STATE_NAMES = {v: k for k, v in ps_pb2.PsState.items()}
 
 
 class Callee(Protocol):

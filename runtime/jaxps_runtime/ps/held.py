@@ -1,5 +1,6 @@
-"""What a ps holds of one shard (`Held`) and the counters it reports (`Counters`): the pieces of
-its state that the store and its modes both name."""
+"""What a ps holds of one shard (`Held`), the counters it reports (`Counters`) and the names of
+its states (`STATE_NAMES`): the pieces of its state that the store, its parts and its modes all
+name."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps_runtime.wire import streams
 from jaxps_runtime.wire.streams import Spec
 
 _SPARE_BUFFERS = 2
+STATE_NAMES = {v: k for k, v in ps_pb2.PsState.items()}  # for messages: "READY", ...
 
 
 @dataclass

@@ -44,8 +44,7 @@ from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime.config.training import OptimizerConfig
 from jaxps_runtime.ps import snapshots
-from jaxps_runtime.ps.callers import STATE_NAMES
-from jaxps_runtime.ps.held import Counters, Held
+from jaxps_runtime.ps.held import STATE_NAMES, Counters, Held
 from jaxps_runtime.ps.modes.asynchronous import Async
 from jaxps_runtime.ps.modes.bounded import Bounded
 from jaxps_runtime.ps.modes.policy import Policy, PsError

@@ -21,7 +21,7 @@ import numpy as np
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime.ps import callers, checks
-from jaxps_runtime.ps.held import Held
+from jaxps_runtime.ps.held import STATE_NAMES, Held
 from jaxps_runtime.ps.modes.policy import Policy, PsError, Push, PushResult
 from jaxps_runtime.ps.shards import Shards
 from jaxps_runtime.ps.updates import Updater, finite
@@ -74,7 +74,7 @@ class StreamHandlers:
         if store.state not in (ps_pb2.ASSIGNING, ps_pb2.READY):
             raise PsError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"Assign: {store.task} is {callers.STATE_NAMES[store.state]}; call Init first",
+                f"Assign: {store.task} is {STATE_NAMES[store.state]}; call Init first",
             )
         specs = checks.unique(assembler.specs, where="Assign")
         for s in specs:
