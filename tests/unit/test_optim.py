@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -13,39 +15,48 @@ from jaxps_runtime.ps import optim
 
 
 @pytest.mark.parametrize(
-    ("optimizer", "message"),
+    ("raw", "message"),
     [
         pytest.param(
-            config.OptimizerConfig("sgdd"),
-            "optimizer.name: 'sgdd' is not an optax optimizer; allowed: adabelief, ",
+            {"name": "sgdd"},
+            'Init.optimizer.name: got "sgdd"; expected one of adabelief, ',
             id="unknown-name",
         ),
+        pytest.param({"name": "_scale"}, 'got "_scale"; expected one of', id="private-name"),
         pytest.param(
-            config.OptimizerConfig("_scale"), "is not an optax optimizer", id="private-name"
-        ),
-        pytest.param(
-            config.OptimizerConfig("sgd", {"lr": 0.1}),
-            "optimizer.kwargs.lr: optax.sgd has no argument",
+            {"name": "sgd", "kwargs": {"lr": 0.1}},
+            "Init.optimizer.kwargs.lr: optax.sgd has no argument 'lr'",
             id="unknown-kwarg",
         ),
         pytest.param(
-            config.OptimizerConfig("sgd"),
-            "missing a required argument: 'learning_rate'",
+            {"name": "sgd"},
+            "Init.optimizer.kwargs.learning_rate: missing; optax.sgd requires learning_rate",
             id="missing-kwarg",
-        ),
-        pytest.param(
-            config.OptimizerConfig("adam", {"learning_rate": 0.1, "mu_dtype": "nonsense"}),
-            "optimizer.kwargs: optax.adam refused them: data type 'nonsense' not understood",
-            id="refused-value",
         ),
     ],
 )
-def test_what_optax_refuses_at_build_names_the_field(
-    optimizer: config.OptimizerConfig, message: str
+def test_a_ps_reads_the_optimizer_of_an_init_with_the_configurations_rules(
+    raw: dict[str, object], message: str
 ) -> None:
+    """The ps's edge (the optimizer comes as JSON over gRPC) and a job's configuration share
+    one check, `OptimizerConfig.from_json`/`from_dict`; `build` takes what it returns."""
+    with pytest.raises(optim.OptimizerError) as caught:
+        config.OptimizerConfig.from_json(json.dumps(raw), where="Init.optimizer")
+    assert message in str(caught.value)
+
+
+def test_what_optax_refuses_when_called_is_refused_at_build_naming_the_field() -> None:
+    optimizer = config.OptimizerConfig("adam", {"learning_rate": 0.1, "mu_dtype": "nonsense"})
     with pytest.raises(optim.OptimizerError) as caught:
         optim.build(optimizer)
-    assert message in str(caught.value)
+    assert "optimizer.kwargs: optax.adam refused them: data type 'nonsense' not understood" in (
+        str(caught.value)
+    )
+
+
+def test_an_optimizer_the_installed_optax_lacks_is_refused_naming_the_field() -> None:
+    with pytest.raises(optim.OptimizerError, match=r"optimizer\.name: optax\.sgdd is not in the"):
+        optim.build(config.OptimizerConfig("sgdd", {"learning_rate": 0.1}))
 
 
 def test_every_optimizer_of_the_table_builds_with_a_learning_rate() -> None:

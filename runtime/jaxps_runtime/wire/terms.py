@@ -1,11 +1,13 @@
-"""What a ps and its callers agree on beyond the messages: the mode an Init sets, and why a ps
-refuses an update (the `reason` a refusal carries, on gRPC and on the bulk path alike)."""
+"""What a ps and its callers agree on beyond the messages: the mode an Init sets (`wire_mode`
+of the configuration's `TrainingMode`), and why a ps refuses an update (the `reason` a
+refusal carries, on gRPC and on the bulk path alike)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
+from jaxps_runtime.config.mode import ModeKind, TrainingMode
 
 # Why a ps refused an update: the `reason` of its PsError (the trailing `rpc.REASON_KEY` of its
 # INVALID_ARGUMENT) and the reason label of `jaxps_ps_refused_updates_total`.
@@ -38,3 +40,21 @@ class Mode:
                 f"{what} {min_step} is past the last step {self.last_step}; the ps never gets there"
             )
         return None
+
+
+_KINDS = {
+    ModeKind.SYNC: ps_pb2.SYNC,
+    ModeKind.ASYNC: ps_pb2.ASYNC,
+    ModeKind.BOUNDED_STALENESS: ps_pb2.BOUNDED_STALENESS,
+}
+
+
+def wire_mode(mode: TrainingMode, *, last_step: int) -> Mode:
+    """The `Mode` an Init sends for the configuration's `mode` of a job of `last_step` steps:
+    the one place a `ModeKind` becomes the proto's `TrainingMode`."""
+    return Mode(
+        kind=_KINDS[mode.kind],
+        replicas_to_aggregate=mode.replicas_to_aggregate or 0,
+        max_staleness=mode.max_staleness,
+        last_step=last_step,
+    )
