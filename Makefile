@@ -68,10 +68,11 @@ format: install ## Apply ruff's fixes and formatting
 protos: install ## Regenerate the Python stubs from protos/
 	PYTHON=$(CURDIR)/$(PY) hack/gen-protos.sh
 
-verify: lint ## Lint, types, import contracts and the generated-stubs drift check
+verify: lint ## Lint, types, import contracts and the drift checks (stubs, CRD copies, spec.training, optimizer table)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) -m jaxps_runtime.config --check
+	$(PY) hack/training_schema.py
 	@for copy in operator/jaxps_operator/crd/trainingjob.yaml charts/jaxps/crds/trainingjob.yaml; do \
 	  diff -u crds/trainingjob.yaml $$copy >/dev/null || { echo "$$copy drifted from crds/: copy it"; exit 1; }; \
 	done; echo "packaged and chart CRDs match crds/"
