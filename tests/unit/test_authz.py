@@ -117,10 +117,10 @@ def test_a_credentials_directory_round_trips_and_names_what_is_wrong(tmp_path: o
 
 def test_a_peer_is_the_first_jaxps_uri_among_its_verified_names() -> None:
     names = [b"tj-ps-0.tj.ns.svc", b"spiffe://j/ps/0", b"jaxps://j/worker/1", b"jaxps://j/chief/0"]
-    assert rpc.peer_identity(names) == who("worker", 1)
-    assert rpc.peer_identity([b"127.0.0.1", b"jaxps://j/ps"]) is None
-    assert rpc.peer_identity([b"\xff\xfe"]) is None
-    assert rpc.peer_identity(None) is None  # plaintext: no names at all
+    assert authz.peer_identity(names) == who("worker", 1)
+    assert authz.peer_identity([b"127.0.0.1", b"jaxps://j/ps"]) is None
+    assert authz.peer_identity([b"\xff\xfe"]) is None
+    assert authz.peer_identity(None) is None  # plaintext: no names at all
 
 
 def gate(chief: tuple[str, int] = ("worker", 0)) -> authz.Gate:

@@ -1,6 +1,9 @@
 """Who may call what: the authorization table of the jaxps services, by the caller's role,
-and the one gate every call passes, on gRPC (`rpc.Guard`) and on the bulk path (`bulk`).
+and the one gate every call passes, on gRPC (`rpc.Guard`) and on the bulk path (`bulk`) alike:
+both servers hand `admit` the caller and a way to read the request, and send back the
+`Refused` it raises.
 
+    admit(gate, method, caller, read, task_of=...) -> the request, or raises Refused
     Gate(job=..., chief=...).refusal(method, caller, claimed) -> Refusal | None
     allowed(method, caller, job=..., chief=...) -> bool
 
@@ -32,11 +35,13 @@ Pure; standard library only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from jaxps_runtime.wire.credentials import Identity
 
+T = TypeVar("T")
 CHIEF, WORKER, EVALUATOR = "chief", "worker", "evaluator"
 PS_SERVICE, COORDINATOR_SERVICE = "jaxps.v1.ParameterServer", "jaxps.v1.Coordinator"
 
@@ -119,3 +124,50 @@ class Gate:
                 f"caller's certificate is {own!r}; a task may only speak for itself",
             )
         return None
+
+
+class Refused(Exception):  # noqa: N818 (the call is refused, as `Refusal` says)
+    """A call the gate refused; the server answers with `refusal`'s code and details."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.details)
+        self.refusal = refusal
+
+
+def admit(
+    gate: Gate | None,
+    method: str,
+    caller: Identity | None,
+    read: Callable[[], T],
+    *,
+    task_of: Callable[[T], str],
+) -> T:
+    """The request of a call to `method` (its full path): `read()`, once `gate` let `caller`'s
+    role call the method, and only if the request speaks for the caller's own task
+    (`task_of`); `Refused` otherwise. `read` may raise the server's own error for a request
+    that does not parse. Without a gate (plaintext: nobody has an identity) the request is
+    read and nothing is checked."""
+    if gate is None:
+        return read()
+    request: list[T] = []
+
+    def claimed() -> str:
+        request.append(read())
+        return task_of(request[0])
+
+    refused = gate.refusal(method, caller, claimed)
+    if refused is not None:
+        raise Refused(refused)
+    return request[0]
+
+
+def peer_identity(names: Iterable[str | bytes] | None) -> Identity | None:
+    """The task a verified peer is: the first jaxps URI among the subject alternative names of
+    its certificate, which the TLS handshake checked against the job's CA (as
+    `credentials.identity_of` reads a certificate; here without parsing it on every call)."""
+    for name in names or ():
+        text = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
+        found = Identity.parse(text)
+        if found is not None:
+            return found
+    return None

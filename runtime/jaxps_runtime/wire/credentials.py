@@ -97,6 +97,12 @@ class Authority:
         return f"Authority(cert={len(self.cert)} bytes, key=<hidden>)"
 
 
+def split_host(address: str) -> str:
+    """The host of "host:port" (an IPv6 host without its brackets), as a peer dials it."""
+    host = address.rpartition(":")[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
 def server_name(ca_cert: bytes, host: str) -> str:
     """The name a task's server certificate carries for `host`, and that its peers check: a
     hash of the job's CA certificate (PEM) and the host, which tells a stranger nothing."""

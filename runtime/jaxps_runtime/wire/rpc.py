@@ -26,7 +26,7 @@ caller's certificate.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +35,8 @@ from google.protobuf import descriptor, message
 
 from jaxps.v1 import coordinator_pb2, parameter_server_pb2, tensor_pb2
 from jaxps_runtime.config import cluster
-from jaxps_runtime.wire import authz, bulk, codec, streams
-from jaxps_runtime.wire.credentials import Identity, TaskCredentials
+from jaxps_runtime.wire import authz, codec, streams
+from jaxps_runtime.wire.credentials import TaskCredentials, split_host
 
 UNLIMITED = -1
 MESSAGE_OPTIONS: tuple[tuple[str, int], ...] = (
@@ -190,20 +190,13 @@ class ServiceSpec:
         reply_bytes: int = 0,
         chunk_bytes: int = streams.CHUNK_BYTES,
         timeout: float | None = None,
-        bulk_peer: bulk.Peer | None = None,
     ) -> Any:
-        """Calls `method` on `bulk_peer`'s bulk path when the method has one and the peer's
-        port is known (whatever the size: it also answers a small call in a third of grpc's
-        time); else on gRPC, packed when its request's tensor bytes (`buffers`, after
+        """Calls `method` on gRPC, packed when its request's tensor bytes (`buffers`, after
         `header`) and the reply's expected ones fit one chunk, streamed otherwise. A
-        Frame-stream reply comes back as an iterator of raw frames (or a `streams.Direct` from
-        the bulk path); read it inside the caller's error handling, since grpc reports a
-        failure as the iteration goes, and close a `streams.Direct` once read."""
+        Frame-stream reply comes back as an iterator of raw frames; read it inside the
+        caller's error handling, since grpc reports a failure as the iteration goes. (A
+        client's choice between gRPC and the bulk path is `transport`'s.)"""
         spec = self.methods[method]
-        if bulk_peer is not None and bulk_peer.port and method in bulk.NUMBERS:
-            message = header if spec.request is None else request
-            assert message is not None, f"{method}: give its request or header"
-            return bulk_peer.call(method, message.SerializeToString(), buffers, timeout=timeout)
         packed = max(sum(map(len, buffers)), reply_bytes) <= chunk_bytes
         fn = calls[method + PACKED] if packed else calls[method]
         if spec.request is None:
@@ -250,7 +243,7 @@ def _framed(spec: MethodSpec, behavior: Callable[..., Any]) -> Callable[..., Any
 @dataclass(frozen=True)
 class Guard:
     """Authorizes every call of a server by the caller's certificate (mutual TLS only), through
-    `authz.Gate`, the gate the bulk path's calls pass too."""
+    `authz.admit`, the one path the bulk path's calls pass too."""
 
     job: str  # the job's id, as certificates name it
     chief: tuple[str, int]  # (role, index) of the job's chief
@@ -277,6 +270,8 @@ class Guard:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{spec.name}: not a request")
 
         def task_of(context: grpc.ServicerContext, request: Any) -> str:
+            if request is None:
+                return ""  # an empty stream speaks for nobody
             if not frames:
                 return str(request.id.task)
             try:
@@ -286,36 +281,26 @@ class Guard:
                 raise  # context.abort raises
 
         def guarded(request: Any, context: grpc.ServicerContext) -> Any:
-            caller = peer_identity(context.peer_identities())
-            first: list[Any] = []  # the request, or a stream's first message, once read
-
-            def claimed() -> str:
+            def first() -> Any:  # the request, or a stream's first message
                 raw = next(request, None) if spec.client_streaming else request
-                if raw is None:
-                    return ""  # an empty stream speaks for nobody
-                first.append(read(context, raw))
-                return task_of(context, first[0])
+                return None if raw is None else read(context, raw)
 
-            refused = gate.refusal(spec.authz_path, caller, claimed)
-            if refused is not None:
-                context.abort(grpc.StatusCode[refused.code], refused.details)
+            try:
+                admitted = authz.admit(
+                    gate,
+                    spec.authz_path,
+                    authz.peer_identity(context.peer_identities()),
+                    first,
+                    task_of=lambda r: task_of(context, r),
+                )
+            except authz.Refused as refused:
+                context.abort(grpc.StatusCode[refused.refusal.code], refused.refusal.details)
             if spec.client_streaming:
                 rest = (read(context, r) for r in request)
-                return behavior(itertools.chain(first, rest), context)
-            return behavior(first[0], context)
+                return behavior(itertools.chain((admitted,), rest), context)
+            return behavior(admitted, context)
 
         return guarded
-
-
-def peer_identity(names: Iterable[bytes] | None) -> Identity | None:
-    """The task a verified peer is: the first jaxps URI among the subject alternative names
-    of its certificate, which gRPC checked against the job's CA in the handshake (as
-    `credentials.identity_of` reads a certificate; here without parsing it on every call)."""
-    for name in names or ():
-        found = Identity.parse(name.decode("utf-8", "replace"))
-        if found is not None:
-            return found
-    return None
 
 
 def guard(
@@ -370,7 +355,7 @@ def channel(address: str, credentials: TaskCredentials | None = None) -> grpc.Ch
         private_key=credentials.key,
         certificate_chain=credentials.client_cert,
     )
-    host = bulk.split_host(address)
+    host = split_host(address)
     name = credentials.server_name(host)
     options: list[tuple[str, int | str]] = list(CHANNEL_OPTIONS)
     if name != host:
