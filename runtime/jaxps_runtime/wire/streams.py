@@ -1,8 +1,8 @@
 """Tensor streams: a header naming tensors, then their bytes back to back, in `Frame`s.
 
 A stream is packed (`pack`: one frame carries every byte) or streamed (`frames`: ~1 MiB
-windows); the transport (`rpc.call`) chooses by size and both forms read the same way
-(`receive`, `Assembler`). A `Direct` stream (the bulk path, `bulk`) has its header already
+windows); the gRPC transport (`rpc.ServiceSpec.call`) chooses by size and both forms read the
+same way (`receive`, `Assembler`). A `Direct` stream (the bulk path, `bulk`) has its header already
 decoded and reads each tensor's bytes straight into its array. Windows arrive in order and end
 exactly at the tensors' end; anything else is a `StreamError` naming what was wrong, so a bad
 peer gets INVALID_ARGUMENT and nothing half-written is used.
