@@ -50,7 +50,7 @@ def jaxps_local(
     )
     status = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
     logs = "\n".join(
-        f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted((tmp_path / "work").glob("*.log"))
+        f"--- {p.name}\n{p.read_text()}" for p in sorted((tmp_path / "work").glob("*.log"))
     )
     return done.returncode, status, f"{done.stderr}\n{logs}"
 

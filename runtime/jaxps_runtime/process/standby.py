@@ -1,12 +1,13 @@
 """A ps started ahead: loaded, waiting to become a ps that died (standard library only).
 
 A restarted ps is what a whole job waits for, and most of its start is importing JAX (0.5-0.6 s
-of ~1 s on 2 cores). A local launcher (`launch.LocalJob`, `jaxps local`) keeps one standby per
-job: `python -m jaxps_runtime` with JAXPS_STANDBY=ps, which loads what a ps loads and then
-reads one JSON line on stdin, the task it becomes (`assignment`). Its environment is the job's;
-the assignment may set only what differs between two ps of one job (TASK_ENV), since what JAX
-and the ps read as they load (XLA_FLAGS, the compilation cache) came from the standby's own.
-A replaced pod on Kubernetes starts cold: its pod is new.
+of ~1 s on 2 cores). The local launcher (`jaxps_operator.processes`, under `jaxps local` and
+the tests' harness) keeps one standby per job: `python -m jaxps_runtime` with JAXPS_STANDBY=ps,
+which loads what a ps loads and then reads one JSON line on stdin, the task it becomes
+(`assignment`). Its environment is the job's; the assignment may set only what differs between
+two ps of one job (TASK_ENV), since what JAX and the ps read as they load (XLA_FLAGS, the
+compilation cache) came from the standby's own. A replaced pod on Kubernetes starts cold: its
+pod is new.
 """
 
 from __future__ import annotations
