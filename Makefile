@@ -68,9 +68,10 @@ format: install ## Apply ruff's fixes and formatting
 protos: install ## Regenerate the Python stubs from protos/
 	PYTHON=$(CURDIR)/$(PY) hack/gen-protos.sh
 
-verify: lint ## Lint, types, import contracts and the drift checks (stubs, CRD copies, spec.training, optimizer table)
+verify: lint ## Lint, types, import contracts (the runtime's rooms), class sizes and the drift checks (stubs, CRD copies, spec.training, optimizer table)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(PY) hack/structure.py --check
 	$(PY) -m jaxps_runtime.config --check
 	$(PY) hack/training_schema.py
 	@for copy in operator/jaxps_operator/crd/trainingjob.yaml charts/jaxps/crds/trainingjob.yaml; do \

@@ -28,6 +28,7 @@ import optax
 import results
 
 from jaxps_runtime.config import training as config
+from jaxps_runtime.config.mode import ModeKind
 from jaxps_runtime.model import builtin as models
 from tests.process import harness
 
@@ -111,7 +112,7 @@ def main() -> None:
         baseline = single_process(training, steps=args.steps)
         summary = distributed(raw, workers=workers)
         eps = float(summary["examplesPerSecond"])
-        per_step = training.batchSize * (workers if training.mode == "sync" else 1)
+        per_step = training.batchSize * (workers if training.mode is ModeKind.SYNC else 1)
         emit(
             case,
             metric="examples_per_second",

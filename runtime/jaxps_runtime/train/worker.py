@@ -28,6 +28,7 @@ import grpc
 import numpy as np
 
 from jaxps_runtime.client.psclient import PsClientError, PsRestartedError
+from jaxps_runtime.config.mode import ModeKind
 from jaxps_runtime.train import divergence, outcome, timing
 from jaxps_runtime.train.task import Task
 
@@ -147,7 +148,7 @@ class Worker:
         return 0
 
     def _loop(self) -> None:
-        sync = self.task.training.mode == "sync"
+        sync = self.task.training.mode is ModeKind.SYNC
         self._buffers: dict[str, np.ndarray] | None = None
         self._pulled: int | None = None  # the step of _buffers when the last update brought them
         min_step = 0

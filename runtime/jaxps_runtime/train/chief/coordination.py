@@ -28,22 +28,18 @@ from jaxps_runtime.train.chief.checkpointer import Checkpointer
 from jaxps_runtime.train.chief.progress import Progress, rate
 from jaxps_runtime.train.coordinator import Member, Membership
 from jaxps_runtime.train.task import Task
+from jaxps_runtime.wire import terms
 from jaxps_runtime.wire.terms import Mode
 
 log = logging.getLogger(__name__)
 
-_MODES = {"sync": ps_pb2.SYNC, "async": ps_pb2.ASYNC, "boundedStaleness": ps_pb2.BOUNDED_STALENESS}
 # How a ps that went away answers (or rather, does not).
 _GONE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 def ps_mode(training: TrainingConfig) -> Mode:
-    return Mode(
-        kind=_MODES[training.mode],
-        replicas_to_aggregate=training.replicasToAggregate or 0,
-        max_staleness=training.staleness,
-        last_step=training.steps,
-    )
+    """The mode every ps is given at Init: the job's, refusing pushes from its last step on."""
+    return terms.wire_mode(training.training_mode, last_step=training.steps)
 
 
 def ps_gone(err: PsClientError) -> bool:
