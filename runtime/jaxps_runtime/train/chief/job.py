@@ -43,6 +43,7 @@ class WorkerZero:
         self._thread.start()
 
     def join(self, timeout: float | None = None) -> None:
+        """Waits for the loop to end (at once if it never started)."""
         if self._thread is not None:
             self._thread.join(timeout=timeout)
 
@@ -115,12 +116,10 @@ class Chief:
         self.task.metrics.ready.set()
         client = self.task.ps_client()
         worker_zero = self.worker_zero
-        started = False  # worker 0's thread
         try:
             self.coordination.initialise(client)
             if worker_zero is not None:
                 worker_zero.start()
-                started = True
             while True:
                 code = self.coordination.watch(
                     client, check=worker_zero.check if worker_zero else _nothing
@@ -146,7 +145,7 @@ class Chief:
         finally:
             self.task.metrics.training.set(0)
             self.checkpointer.abandon()
-            if worker_zero is not None and started and self.task.stop.is_set:
+            if worker_zero is not None and self.task.stop.is_set:
                 worker_zero.join(timeout=stopping.PUSH_GRACE_SECONDS + 1)
             self.task.metrics.ready.clear()
             self.progress.close()
