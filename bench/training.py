@@ -29,6 +29,7 @@ import results
 
 from jaxps_runtime.config import training as config
 from jaxps_runtime.config.mode import ModeKind
+from jaxps_runtime.data import builtin as datasets
 from jaxps_runtime.model import builtin as models
 from tests.process import harness
 
@@ -62,7 +63,7 @@ def emit(case: str, **kwargs: Any) -> None:
 def single_process(training: config.TrainingConfig, *, steps: int) -> float:
     """Examples per second of a plain jitted JAX loop (value_and_grad + optax) in one process."""
     model = models.build_model(name=training.model.name, kwargs=training.model.kwargs)
-    data = models.build_dataset(
+    data = datasets.build_dataset(
         name=training.dataset.name, kwargs=training.dataset.kwargs, seed=training.seed
     )
     tx = getattr(optax, training.optimizer.name)(**training.optimizer.kwargs)

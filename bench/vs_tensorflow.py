@@ -79,6 +79,8 @@ import results
 from jaxps_runtime.client import placement
 from jaxps_runtime.config import catalog, cluster
 from jaxps_runtime.config import training as config
+from jaxps_runtime.data import builtin as datasets
+from jaxps_runtime.data.arrays import ArrayDataset, Dataset
 from jaxps_runtime.model import builtin as models
 from jaxps_runtime.train.timing import overlap_steps_per_second
 from tests.process import harness
@@ -183,10 +185,10 @@ def tf_case(case: dict[str, Any]) -> dict[str, Any]:
 
 def built(
     case: dict[str, Any], seed: int = 0
-) -> tuple[config.TrainingConfig, models.Dataset, models.Model]:
+) -> tuple[config.TrainingConfig, Dataset, models.Model]:
     """The case's training with `seed`, its dataset and its model, as a jaxps task builds them."""
     training = config.parse(jaxps_training(case, seed))
-    data = models.build_dataset(
+    data = datasets.build_dataset(
         name=training.dataset.name, kwargs=training.dataset.kwargs, seed=training.seed
     )
     model = models.build_model(
@@ -211,7 +213,7 @@ def write_batches(case: dict[str, Any], path: Path, seed: int) -> None:
     """The dataset; per worker and local step, the rows jaxps's worker reads then; and the
     parameters jaxps starts from (`init/<variable path>`), which TensorFlow starts from too."""
     training, data, model = built(case, seed)
-    assert isinstance(data, models.ArrayDataset)
+    assert isinstance(data, ArrayDataset)
     order = np.stack(
         [
             np.stack(
