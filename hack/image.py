@@ -2,6 +2,7 @@
 
     python3 hack/image.py build runtime|operator [--json]   build the image tarball, or reuse it
     python3 hack/image.py ref runtime|operator              print the ref a build would give
+    python3 hack/image.py static BINARY --ref REF [--json]  a one-layer image of a static binary
 
 docker/<name>.Dockerfile stays the definition (what `docker build` users get). This script reads
 it and reproduces it where python:3.11-slim cannot be pulled: the base is a Debian bookworm minbase
@@ -19,6 +20,11 @@ newest tarballs per name), base/ (the Debian rootfs, keyed by its own recipe, so
 not re-run mmdebstrap) and tmp/ (scratch of running builds). Building needs root (mmdebstrap
 --mode=root, chroot) and the repo's .venv; reusing a built tarball needs neither. Progress goes to
 stderr, the answer to stdout. Standard library only.
+
+`static` makes an image of a prebuilt static binary with no Dockerfile (Kueue's manager: its
+Dockerfile's final stage is distroless/static, which cannot be pulled here): one layer holding the
+binary at /<its name>, run as 65532:65532 from /, under the ref given, cached as
+images/<name>-<hash12>.tar by the binary's content. It needs neither root nor the .venv.
 """
 
 from __future__ import annotations
@@ -845,13 +851,103 @@ def build(plan: Plan) -> bool:
     return False
 
 
+# ---------------------------------------------------------------------------------------------
+# An image of one static binary (no Dockerfile, no base)
+
+# distroless/static's `nonroot` user, by number: the image has no passwd to look a name up in
+NONROOT = "65532:65532"
+STATIC_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class StaticPlan:
+    """One static binary as a whole image, as a Dockerfile whose final stage is distroless/static
+    would make it, less distroless' files (the binary needs none): one layer holding /<binary's
+    name>, that path as the entrypoint, run from / as a numeric user. hash12 covers the binary's
+    bytes, the ref, the user and this script, so a rebuilt binary is a new tarball under the same
+    ref (the ref is what a chart names; containerd's import replaces the old image)."""
+
+    binary: Path
+    ref: str
+    user: str
+    hash12: str
+    cache: Path
+
+    @property
+    def name(self) -> str:
+        """The last part of the ref's repository: localhost/kueue:v0.17.0 -> kueue."""
+        return self.ref.rsplit(":", 1)[0].rsplit("/", 1)[-1]
+
+    @property
+    def entrypoint(self) -> str:
+        """Where the binary is in the image: /<its file name>."""
+        return "/" + self.binary.name
+
+    @property
+    def tar(self) -> Path:
+        """The image tarball in the cache, beside the Dockerfile images'."""
+        return self.cache / "images" / f"{self.name}-{self.hash12}.tar"
+
+
+def static_config(*, entrypoint: str, user: str, arch: str) -> dict[str, Any]:
+    """The image config of a static binary: distroless/static's PATH, the user, WORKDIR / and
+    the binary as ENTRYPOINT with no CMD."""
+    spec = ImageSpec(
+        env={"PATH": STATIC_PATH}, user=user, workdir="/", entrypoint=[entrypoint], cmd=None
+    )
+    return image_config(spec, arch)
+
+
+def make_static_plan(
+    binary: Path, *, ref: str, user: str = NONROOT, cache: Path | None = None
+) -> StaticPlan:
+    """Hashes the binary (streamed: it may be ~100 MB) with the ref, the user and this script."""
+    if ":" not in ref.rsplit("/", 1)[-1] or ref.endswith(":latest"):
+        raise SystemExit(f"image: {ref}: name a tag, not :latest (kubelet would pull that)")
+    digest = hashlib.sha256(f"{ref}\0{user}\0".encode())
+    digest.update(Path(__file__).read_bytes())
+    with binary.open("rb") as data:
+        for chunk in iter(lambda: data.read(1 << 20), b""):
+            digest.update(chunk)
+    return StaticPlan(binary, ref, user, digest.hexdigest()[:12], cache or cache_dir())
+
+
+def build_static(plan: StaticPlan) -> bool:
+    """The image tarball at plan.tar; True when it was already there (then only touched). Needs
+    neither root nor a network: the binary is copied into a scratch rootfs, 0755, as the only
+    file of the layer."""
+    tar_pattern = rf"{re.escape(plan.name)}-[0-9a-f]{{12}}\.tar"
+    if plan.tar.is_file():
+        os.utime(plan.tar)
+        prune(plan.tar.parent, tar_pattern)
+        return True
+    clear_stale_scratch(plan.cache)
+    (plan.cache / "tmp").mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=plan.cache / "tmp"))
+    try:
+        rootfs = scratch / "rootfs"
+        rootfs.mkdir()
+        target = rootfs / plan.entrypoint.lstrip("/")
+        shutil.copy2(plan.binary, target)
+        target.chmod(0o755)
+        archive = scratch / plan.tar.name
+        config = static_config(entrypoint=plan.entrypoint, user=plan.user, arch=host_arch())
+        write_oci_archive(rootfs=rootfs, archive=archive, ref=plan.ref, config=config)
+        plan.tar.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(archive, plan.tar)
+    finally:
+        remove_tree(scratch)
+    prune(plan.tar.parent, tar_pattern)
+    return False
+
+
 def _terminate(signum: int, frame: FrameType | None) -> None:
     """SIGTERM unwinds like Ctrl-C, so scratch dirs are removed and children stopped."""
     raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line: build or ref."""
+    """The command line: build, ref or static."""
     parser = argparse.ArgumentParser(description=USAGE)
     commands = parser.add_subparsers(dest="command", required=True)
     build_cmd = commands.add_parser("build", help="build the image tarball (or reuse it)")
@@ -859,22 +955,31 @@ def main(argv: list[str] | None = None) -> int:
     build_cmd.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ref_cmd = commands.add_parser("ref", help="print the ref a build gives, without building")
     ref_cmd.add_argument("name", choices=NAMES)
+    static_cmd = commands.add_parser("static", help="an image of one static binary (or reuse it)")
+    static_cmd.add_argument("binary", type=Path)
+    static_cmd.add_argument("--ref", required=True, help="e.g. localhost/kueue:v0.17.0")
+    static_cmd.add_argument("--user", default=NONROOT, help=f"uid:gid (default {NONROOT})")
+    static_cmd.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     started = time.monotonic()
-    try:
-        plan = make_plan(args.name)
-    except DockerfileError as exc:
-        print(f"image: {exc}", file=sys.stderr)
-        return 2
-    if args.command == "ref":
-        print(plan.ref)
-        return 0
-    cached = build(plan)
+    if args.command == "static":
+        static = make_static_plan(args.binary, ref=args.ref, user=args.user)
+        name, ref, tar, cached = static.name, static.ref, static.tar, build_static(static)
+    else:
+        try:
+            plan = make_plan(args.name)
+        except DockerfileError as exc:
+            print(f"image: {exc}", file=sys.stderr)
+            return 2
+        if args.command == "ref":
+            print(plan.ref)
+            return 0
+        name, ref, tar, cached = plan.name, plan.ref, plan.tar, build(plan)
     result = {
-        "name": plan.name,
-        "ref": plan.ref,
-        "tar": str(plan.tar),
+        "name": name,
+        "ref": ref,
+        "tar": str(tar),
         "cached": cached,
         "seconds": round(time.monotonic() - started, 2),
     }

@@ -393,3 +393,62 @@ def test_prune_keeps_the_newest(tmp_path: Path) -> None:
         "runtime-000000000001.tar",
         "runtime-gpu-000000000000.tar",
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# An image of one static binary
+
+
+STATIC_REF = "localhost/kueue:v0.17.0"
+
+
+def fake_binary(tmp_path: Path, content: bytes = b"\x7fELF static") -> Path:
+    """A file standing in for a static binary, 0700 as a root-only build might leave it."""
+    binary = tmp_path / "bin" / "manager"
+    binary.parent.mkdir(exist_ok=True)
+    binary.write_bytes(content)
+    binary.chmod(0o700)
+    return binary
+
+
+def test_static_image_holds_only_the_binary_run_as_nonroot(tmp_path: Path) -> None:
+    plan = image.make_static_plan(fake_binary(tmp_path), ref=STATIC_REF, cache=tmp_path / "cache")
+    assert plan.tar == tmp_path / "cache" / "images" / f"kueue-{plan.hash12}.tar"
+    assert image.build_static(plan) is False
+    files = read_archive(plan.tar)
+    (entry,) = json.loads(files["index.json"])["manifests"]
+    assert entry["annotations"]["io.containerd.image.name"] == STATIC_REF
+    manifest = json.loads(blob(files, entry))
+    config = json.loads(blob(files, manifest["config"]))["config"]
+    assert config["Entrypoint"] == ["/manager"]
+    assert "Cmd" not in config
+    assert config["User"] == "65532:65532"
+    assert config["WorkingDir"] == "/"
+    layer = blob(files, manifest["layers"][0])
+    with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+        (member,) = tar.getmembers()
+        data = tar.extractfile(member)
+        assert data is not None
+        assert data.read() == b"\x7fELF static"
+    assert member.name == "manager"
+    assert member.mode == 0o755  # the nonroot user can run it
+    assert not list((tmp_path / "cache" / "tmp").iterdir())  # scratch removed
+
+
+def test_static_image_is_cached_by_the_binary_content(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = image.make_static_plan(fake_binary(tmp_path), ref=STATIC_REF, cache=cache)
+    assert image.build_static(first) is False
+    again = image.make_static_plan(fake_binary(tmp_path), ref=STATIC_REF, cache=cache)
+    assert again.hash12 == first.hash12
+    assert image.build_static(again) is True
+    rebuilt = image.make_static_plan(fake_binary(tmp_path, b"v2"), ref=STATIC_REF, cache=cache)
+    assert rebuilt.hash12 != first.hash12
+    assert image.build_static(rebuilt) is False
+    assert rebuilt.tar.is_file()
+
+
+@pytest.mark.parametrize("ref", ["localhost/kueue", "localhost/kueue:latest"])
+def test_static_image_needs_a_tag_other_than_latest(tmp_path: Path, ref: str) -> None:
+    with pytest.raises(SystemExit, match="name a tag"):
+        image.make_static_plan(fake_binary(tmp_path), ref=ref, cache=tmp_path)
