@@ -303,6 +303,7 @@ def run_operator(args: argparse.Namespace) -> int:
             priority=args.priority,
             image=args.runtime_image,
             network_policy=args.network_policy,
+            kueue=args.kueue,
         )
     )
     return EXIT_SUCCEEDED
@@ -390,6 +391,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=True,
         help="give every job a NetworkPolicy that admits only its own pods (and the operator to "
         "their metrics) (default: on)",
+    )
+    ops.add_argument(
+        "--kueue",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="jobs labelled kueue.x-k8s.io/queue-name wait for Kueue to admit their Workload "
+        "(default: on; off: the label is ignored and no Workload is read)",
     )
     ops.set_defaults(run=run_operator)
     args = parser.parse_args(argv)

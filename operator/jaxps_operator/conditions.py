@@ -13,7 +13,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 TERMINAL = ("Succeeded", "Failed")
-STATES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+STATES = (
+    "Created",
+    "Queued",
+    "Preempted",
+    "Running",
+    "Restarting",
+    "Suspended",
+    "Succeeded",
+    "Failed",
+)
 
 
 @dataclass(frozen=True)
@@ -91,14 +100,17 @@ class Status:
 
     def finish(self, *, succeeded: bool, reason: str, message: str) -> None:
         self.mark("Succeeded" if succeeded else "Failed", True, reason, message)
-        for other in ("Running", "Restarting", "PodsReady"):
+        for other in ("Running", "Restarting", "PodsReady", "Queued", "Preempted"):
             if self.true(other):
                 self.mark(other, False, reason, message)
         self.body["completionTime"] = stamp(self.now)
         self.event("Normal" if succeeded else "Warning", reason, message)
 
     def state(self) -> str:
-        for type_ in ("Failed", "Succeeded", "Suspended", "Restarting", "Running"):
+        for type_ in ("Failed", "Succeeded", "Suspended", "Preempted", "Queued"):
+            if self.true(type_):
+                return type_
+        for type_ in ("Restarting", "Running"):
             if self.true(type_):
                 return type_
         return "Created"

@@ -32,7 +32,7 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from jaxps_operator import builders, kube, reconcile
+from jaxps_operator import builders, kube, kueue, kueue_api, reconcile
 from jaxps_operator.conditions import STATES
 from jaxps_operator.workqueue import Key, WorkQueue
 
@@ -53,6 +53,7 @@ class Options:
     priority: int = 0
     image: str = builders.DEFAULT_IMAGE  # the runtime image of pods whose template names none
     network_policy: bool = True  # a NetworkPolicy per job: only its own pods reach its pods
+    kueue: bool = True  # jobs labelled kueue.x-k8s.io/queue-name wait for Kueue's admission
 
 
 class Metrics:
@@ -99,6 +100,7 @@ class Reconciler:
     progress_interval: float = 10.0
     image: str = builders.DEFAULT_IMAGE
     network_policy: bool = True
+    workloads: reconcile.Workloads | None = None
     validator: reconcile.Validator = field(default_factory=reconcile.Validator)
     pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(CHILD_CALLS, thread_name_prefix="jaxps-child")
@@ -115,6 +117,7 @@ class Reconciler:
             progress_interval=self.progress_interval,
             parallel=self.pool.map,
             network_policy=self.network_policy,
+            workloads=self.workloads,
         )
         for role, _ in outcome.replaced:
             self.metrics.replacements.labels(role=role).inc()
@@ -268,6 +271,15 @@ def registry(controller: Controller) -> kopf.OperatorRegistry:
         kopf.on.event(
             plural, labels={builders.LABEL_JOB: kopf.PRESENT}, id=f"{plural}-event", registry=reg
         )(child_event)
+    if options.kueue:  # Kueue admits, evicts and requeues through the Workload: a pass each
+        kopf.on.event(
+            kueue.GROUP,
+            kueue.VERSION,
+            kueue_api.PLURAL,
+            labels={builders.LABEL_JOB: kopf.PRESENT},
+            id="workloads-event",
+            registry=reg,
+        )(child_event)
 
     @kopf.on.probe(id="jobs", registry=reg)
     def probe(**_: Any) -> dict[str, int]:
@@ -296,6 +308,7 @@ def run(options: Options) -> None:
             progress_interval=options.progress_interval,
             image=options.image,
             network_policy=options.network_policy,
+            workloads=kueue_api.KubeWorkloads() if options.kueue else None,
         ),
         metrics=metrics,
     )

@@ -10,15 +10,17 @@ the whole desired status (`status.progress` included) and the actions that conve
 running it twice on the same input gives the same Plan. One pass, in order:
 
 0. the progress (`progress.update`): the chief's metrics, or its final summary once it ended;
-1. suspend (`policy.suspend`): a suspended job's pods are deleted, none created;
-2. the deadline (`policy.deadline`), then the training configuration: a `spec.training` the
-   runtime would refuse fails the job before any pod starts (InvalidTraining), and so does a
-   template that sets a jaxps variable to a value the runtime would refuse (InvalidTemplate);
-3. children (`builders`): the headless Service, the Secret of the job's credentials and its
-   NetworkPolicy when missing, and every missing pod; a pod is never recreated while its
-   predecessor is still terminating;
-4. success (`policy.success`) before failure: a chief that succeeded, or recorded its final
+1. suspend (`policy.suspend`): a suspended job's pods are deleted (ps last), none created;
+2. the training configuration: a `spec.training` the runtime would refuse fails the job
+   before any pod starts (InvalidTraining), and so does a template that sets a jaxps variable
+   to a value the runtime would refuse (InvalidTemplate);
+3. success (`policy.success`) before failure: a chief that succeeded, or recorded its final
    summary before it was killed, ends the job Succeeded even when a ps failed in the same pass;
+4. children (`builders`): the headless Service, the Secret of the job's credentials and its
+   NetworkPolicy when missing; then, for a job in a Kueue queue, admission
+   (`policy.admission`): no pod until Kueue admits it, its pods stopped when evicted; then the
+   deadline (`policy.deadline`, counted from the admission) and every missing pod, placed on
+   the admitted flavors; a pod is never recreated while its predecessor is still terminating;
 5. failed pods (`policy.restart`): replaced, or the job fails (at once for a final exit code);
 6. pods that wait (`policy.schedule`), the Restarting, Running and PodsReady conditions, and
    the Stalled backstop (`policy.stall`);
@@ -34,9 +36,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from jaxps_operator import builders, progress, schema
+from jaxps_operator import builders, kueue, progress, schema
 from jaxps_operator.conditions import Event, Status, stamp
 from jaxps_operator.objects import Plan, PodState
+from jaxps_operator.policy import admission as admission_policy
 from jaxps_operator.policy import cleanup, deadline, restart, schedule, stall, success, suspend
 
 __all__ = ["Event", "Plan", "PodState", "plan"]
@@ -80,11 +83,13 @@ def plan(
     credentials: Mapping[str, bytes] | None = None,
     network_policy: bool = False,
     metrics: Mapping[str, float] | None = None,
+    admission: kueue.Admission | None = None,
 ) -> Plan:
     """The Plan for `job` (validated, defaults applied) given its pods at `now` (aware UTC).
     `credentials`: the files of the job's Secret when it has none yet (it is created then);
     `network_policy`: the job's NetworkPolicy is to be created; `metrics`: the jaxps_*
-    metrics the chief served this pass ({} when it runs not or did not answer)."""
+    metrics the chief served this pass ({} when it runs not or did not answer); `admission`:
+    what Kueue says of a job in a queue (None: the job is not Kueue's)."""
     out = Plan()
     generation = int(job["metadata"].get("generation", 1))
     status = Status(copy.deepcopy(dict(job.get("status") or {})), now=now, generation=generation)
@@ -117,6 +122,7 @@ def plan(
             credentials=credentials,
             network_policy=network_policy,
             training=chief is not None and progress.training(metrics or {}),
+            admission=admission,
         )
     if status.finished:
         deadline.after_finish(job, status=status, plan=out)
@@ -139,12 +145,9 @@ def _run(
     credentials: Mapping[str, bytes] | None,
     network_policy: bool,
     training: bool,
+    admission: kueue.Admission | None,
 ) -> None:
     if suspend.apply(job, pods=observed, status=status, plan=out):
-        return
-    status.body.setdefault("startTime", stamp(status.now))
-    deadline.active(job, status=status, plan=out)
-    if status.finished:
         return
     problems = schema.training_problems(job)
     if problems:
@@ -164,23 +167,32 @@ def _run(
             "started: " + "; ".join(map(str, problems)),
         )
         return
+    pods = {(p.role, p.index): p for p in observed}
+    who = success.succeeded(job, pods)
+    if who is not None:  # the outcome is recorded: no pod failing now changes it
+        status.finish(succeeded=True, reason="JobSucceeded", message=f"{who} succeeded")
+        return
     if not service_exists:
         out.create.append(builders.service(job))
     if credentials is not None:
         out.create.append(builders.secret(job, credentials))
     if network_policy:
         out.create.append(builders.network_policy(job))
-
-    pods = {(p.role, p.index): p for p in observed}
-    who = success.succeeded(job, pods)
-    if who is not None:  # the outcome is recorded: no pod failing now changes it
-        status.finish(succeeded=True, reason="JobSucceeded", message=f"{who} succeeded")
+    if admission_policy.apply(job, admission=admission, pods=observed, status=status, plan=out):
         return
+    status.body.setdefault("startTime", stamp(status.now))
+    deadline.active(job, status=status, plan=out)
+    if status.finished:
+        return
+
     restarting: list[str] = []
     for role, index in builders.tasks(job):
         p = pods.get((role, index))
         if p is None:
-            out.create.append(builders.pod(job, role, index, network=network, image=image))
+            manifest = builders.pod(job, role, index, network=network, image=image)
+            if admission is not None:
+                manifest = kueue.place(manifest, admission.placement.get(role), role)
+            out.create.append(manifest)
         elif p.deleting:
             restarting.append(f"{role} {index}")  # recreated once it is gone, never before
         elif p.phase == "Failed":

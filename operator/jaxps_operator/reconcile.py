@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from jaxps_operator import builders, planner, schema
+from jaxps_operator import builders, kueue, planner, schema
 from jaxps_operator.conditions import TERMINAL, Event
 from jaxps_operator.objects import PodState
 
@@ -44,6 +44,26 @@ class Children:
 
 class ConflictError(Exception):
     """The job changed since it was read: the pass is repeated."""
+
+
+class Workloads(Protocol):
+    """Kueue's Workloads, ResourceFlavors and priority classes (`kueue_api`). Writes are
+    guarded by the resourceVersion read (409 -> `ConflictError`)."""
+
+    def get(self, job: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The job's Workload, or None; `kueue.UnavailableError` when Kueue's API is missing."""
+
+    def priority(self, group: str, kind: str, name: str) -> int | None:
+        """The value of a WorkloadPriorityClass or PriorityClass; None when it is missing."""
+
+    def flavors(self, names: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The `spec` of each ResourceFlavor named that exists."""
+
+    def apply(self, action: kueue.Action) -> None:
+        """Carries out one write (`kueue.actions`)."""
+
+    def orphans(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The Workloads labelled with a job of that name that still hold the finalizer."""
 
 
 class Cluster(Protocol):
@@ -142,6 +162,7 @@ def reconcile(
     progress_interval: float | None = None,
     parallel: Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]] = map,
     network_policy: bool = False,
+    workloads: Workloads | None = None,
 ) -> Outcome:
     """One pass over job `namespace/name`. `parallel` maps a call over the deletes, then over
     the creates (a thread pool's `map` on Kubernetes); `progress_interval` asks for another
@@ -160,6 +181,7 @@ def reconcile(
     children = cluster.children(job)
     network = cluster.network(job)
     finished = (job["status"].get("state") or "") in TERMINAL
+    queue = _queue(job, workloads, image=image, finished=finished)
     chief = planner.chief_pod(job, children.pods)
     running = chief is not None and chief.phase == "Running"
     plan = planner.plan(
@@ -174,6 +196,7 @@ def reconcile(
         metrics=cluster.task_progress(chief)
         if chief is not None and running and not finished
         else {},
+        admission=queue.admission if queue is not None else None,
     )
     status = plan.status
     if status != job["status"]:
@@ -192,6 +215,17 @@ def reconcile(
         plan.events.append(Event("Normal", "Created", f"created {', '.join(created)}"))
     for event in plan.events:
         cluster.post_event(raw, event)
+    if queue is not None and workloads is not None:
+        for action in kueue.actions(
+            {**job, "status": status},
+            state=status["state"],
+            wl=queue.workload,
+            desired=queue.desired,
+            pods=children.pods,
+            now=now,
+        ):
+            log.info("TrainingJob %s/%s: Workload %s: %s", namespace, name, action.verb, action.why)
+            workloads.apply(action)
     if plan.delete_job:
         log.info("TrainingJob %s/%s: ttlSecondsAfterFinished is over: deleted", namespace, name)
         cluster.delete_job(raw)
@@ -201,3 +235,58 @@ def reconcile(
     if progress_interval is not None and running and status["state"] not in TERMINAL:
         requeue = min(requeue or progress_interval, progress_interval)
     return Outcome(state=status["state"], requeue_after=requeue, replaced=plan.replaced)
+
+
+@dataclass(frozen=True)
+class _Queue:
+    workload: dict[str, Any] | None
+    desired: dict[str, Any]
+    admission: kueue.Admission
+
+
+def _queue(
+    job: Mapping[str, Any], workloads: Workloads | None, *, image: str, finished: bool
+) -> _Queue | None:
+    """What Kueue says of a job in a queue, and the Workload it wants; None otherwise."""
+    if workloads is None or kueue.queue_name(job) is None:
+        return None
+    problem = ""
+    try:
+        wl = workloads.get(job)
+    except kueue.UnavailableError as err:
+        wl, problem = None, str(err)
+    priority = kueue.Priority()
+    source = kueue.priority_source(job)
+    if source is not None and wl is None and not problem and not finished:
+        value = workloads.priority(*source)
+        if value is None:
+            _, kind, name = source
+            problem = f"{kind} {name!r} (from {_source_field(kind)}) does not exist"
+        else:
+            priority = kueue.Priority(value, *source)
+    elif wl is not None:  # what it was created with: pod sets, not priority, make it stale
+        spec = wl.get("spec") or {}
+        ref = spec.get("priorityClassRef") or {}
+        priority = kueue.Priority(
+            int(spec.get("priority") or 0),
+            str(ref.get("group", "")),
+            str(ref.get("kind", "")),
+            str(ref.get("name", "")),
+        )
+    desired = kueue.workload(job, priority=priority, image=image)
+    flavors = (
+        workloads.flavors(kueue.flavor_names(wl))
+        if wl is not None and kueue.condition(wl, "Admitted") and not finished
+        else {}
+    )
+    return _Queue(
+        workload=wl,
+        desired=desired,
+        admission=kueue.admission(job, wl, desired=desired, flavors=flavors, problem=problem),
+    )
+
+
+def _source_field(kind: str) -> str:
+    if kind == kueue.WORKLOAD_PRIORITY[1]:
+        return f"label {kueue.PRIORITY_LABEL}"
+    return "a template's spec.priorityClassName"

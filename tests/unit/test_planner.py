@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -329,9 +330,13 @@ def test_suspend_deletes_the_pods_and_resume_creates_them_again() -> None:
     step(j, pods(j))
     j["spec"]["runPolicy"]["suspend"] = True
     suspended = step(j, pods(j))
-    assert sorted(suspended.delete) == ["tj-ps-0", "tj-worker-0", "tj-worker-1"]
+    # the ps last: they serve while the chief (worker 0) writes its checkpoint on SIGTERM
+    assert sorted(suspended.delete) == ["tj-worker-0", "tj-worker-1"]
     assert cond(suspended.status, "Suspended")["reason"] == "JobSuspended"  # type: ignore[index]
     assert suspended.status["state"] == "Suspended"
+    leaving = [dataclasses.replace(p, deleting=True) if p.role == "worker" else p for p in pods(j)]
+    assert step(j, leaving).delete == []  # not while a worker leaves
+    assert step(j, [p for p in pods(j) if p.role == "ps"]).delete == ["tj-ps-0"]
     assert step(j, []).create == []
     j["spec"]["runPolicy"]["suspend"] = False
     resumed = step(j, [], NOW + timedelta(seconds=5))

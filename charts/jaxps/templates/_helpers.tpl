@@ -47,6 +47,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]
+{{- if .Values.kueue.enabled }}
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch, create, update, patch, delete]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [get, update, patch]
+{{- end }}
 {{- if .Values.networkPolicy.enabled }}
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]

@@ -1,5 +1,6 @@
-"""Suspend policy: `runPolicy.suspend` deletes the job's pods and creates none until resumed;
-a resume restarts the deadline's clock."""
+"""Suspend policy: `runPolicy.suspend` deletes the job's pods (the ps last, so the chief,
+told to stop, checkpoints the step they hold) and creates none until resumed; a resume
+restarts the deadline's clock."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from jaxps_operator.conditions import Status
 from jaxps_operator.objects import Plan, PodState
+from jaxps_operator.policy import admission
 
 
 def apply(job: Mapping[str, Any], *, pods: Iterable[PodState], status: Status, plan: Plan) -> bool:
@@ -22,10 +24,10 @@ def apply(job: Mapping[str, Any], *, pods: Iterable[PodState], status: Status, p
                 "runPolicy.suspend is true: pods deleted, none created",
             )
             status.event("Normal", "JobSuspended", f"suspended {name}")
-        for key in ("Running", "PodsReady"):
+        for key in ("Running", "PodsReady", "Admitted"):
             if status.true(key):
                 status.mark(key, False, "JobSuspended", "suspended")
-        plan.delete += [p.name for p in pods if not p.deleting]
+        admission.stop(pods, plan=plan)  # ps last: the chief checkpoints first
         return True
     if status.true("Suspended"):
         status.mark(
