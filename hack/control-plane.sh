@@ -13,6 +13,7 @@ K8S_VERSION=${K8S_VERSION:-1.34.1}
 ETCD_VERSION=${ETCD_VERSION:-3.6.4}
 HELM_VERSION=${HELM_VERSION:-3.19.5}
 COREDNS_VERSION=${COREDNS_VERSION:-1.13.1}
+KUEUE_VERSION=${KUEUE_VERSION:-0.17.0}
 CACHE=${JAXPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jaxps}
 ROOT="$CACHE/k8s-v$K8S_VERSION"
 BIN="$ROOT/bin"
@@ -104,9 +105,31 @@ node() {
   "$BIN/kubelet" --version
 }
 
+# Kueue's manager from its Go module (no replace directives: plain `go install`), and its Helm
+# chart from the same module, copied next to the binary (research/kueue.md, section 4).
+kueue() {
+  command -v go >/dev/null || { echo "need the Go toolchain (>= 1.25)"; exit 1; }
+  local dir="$CACHE/kueue-v$KUEUE_VERSION"
+  if [ -x "$dir/manager" ] && [ -f "$dir/chart/Chart.yaml" ]; then return; fi
+  echo "building Kueue v$KUEUE_VERSION into $dir (once; 10-20 min)"
+  mkdir -p "$dir"
+  GOBIN="$dir" go install -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=v$KUEUE_VERSION" \
+    "sigs.k8s.io/kueue/cmd/kueue@v$KUEUE_VERSION"
+  mv "$dir/kueue" "$dir/manager"
+  local src
+  src=$(go mod download -json "sigs.k8s.io/kueue@v$KUEUE_VERSION" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  rm -rf "$dir/chart" && cp -r "$src/charts/kueue" "$dir/chart" && chmod -R u+w "$dir/chart"
+  "$dir/manager" --help >/dev/null 2>&1 || true
+  echo "Kueue v$KUEUE_VERSION: $dir/manager and $dir/chart"
+}
+
 case "${1:-}" in
   build) build ;;
   node) build && node ;;
+  kueue) kueue ;;
+  kueue-dir) echo "$CACHE/kueue-v$KUEUE_VERSION" ;;
   bin) echo "$BIN" ;;
-  *) echo "usage: $0 build|node|bin"; exit 2 ;;
+  *) echo "usage: $0 build|node|kueue|kueue-dir|bin"; exit 2 ;;
 esac
