@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from jaxps_operator import builders, conditions, issuer, processes, progress, reconcile
+from jaxps_operator import builders, conditions, issuer, kueue, processes, progress, reconcile
 from jaxps_operator.conditions import TERMINAL, Event
 from jaxps_operator.objects import PodState
 from jaxps_operator.reconcile import Children
@@ -450,6 +450,16 @@ def run(
     every process on the way out."""
     local = LocalCluster(job=local_job(job, workdir), workdir=workdir)
     meta = local.job["metadata"]
+    if kueue.queue_name(local.job):  # no Kueue on one machine: said once, as an Event
+        local.post_event(
+            local.job,
+            Event(
+                "Normal",
+                "QueueIgnored",
+                f"label {kueue.QUEUE_LABEL}={kueue.queue_name(local.job)} ignored: "
+                "jaxps local has no Kueue; the job starts at once",
+            ),
+        )
     validator = reconcile.Validator()
     kills = list(kills)
     try:
