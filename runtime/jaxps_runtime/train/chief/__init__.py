@@ -15,9 +15,11 @@
    the parameters to `exportPath` if set, prints one JSON summary as its last line on stdout
    (also to the termination log when that file exists, as Kubernetes reads it:
    `termination`), then tells every task to stop and shuts every ps down so none lingers.
-Told to stop (SIGTERM, `stopping`), it ends its waits and calls and exits with
+Told to stop (SIGTERM or SIGINT, `stopping`), it ends its waits and calls and exits with
 `stopping.Stopped`, leaving the ps tasks serving (never Shutdown: a replacement chief adopts
-their state) and committing no checkpoint it has not got every shard of.
+their state) and committing no checkpoint it has not got every shard of. On SIGTERM (a
+preemption: Kueue's, through the operator) with a checkpoint directory, it first commits a
+checkpoint of the step the ps tier holds, within a deadline (`preemption`).
 """
 
 from jaxps_runtime.train.chief.job import Chief

@@ -1,10 +1,12 @@
-"""The chief's checkpoints: periodic ones in a background thread, one at a time, and the
-final one (`finish`). A checkpoint that fails (a ps died while writing) is simply not
-committed; `checkpoint.save` never commits one it has not got every shard of."""
+"""The chief's checkpoints: periodic ones in a background thread, one at a time, the final one
+(`finish`) and the last one of a preempted chief (`preemption`). A checkpoint that fails (a ps
+died while writing) is simply not committed; `checkpoint.save` never commits one it has not got
+every shard of."""
 
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from pathlib import Path
@@ -19,10 +21,15 @@ log = logging.getLogger(__name__)
 
 class Checkpointer:
     """The chief's checkpoints: periodic ones in a background thread, one at a time, and the
-    final one. A checkpoint that fails (a ps died while writing) is simply not committed."""
+    final one. A checkpoint that fails (a ps died while writing) is simply not committed.
 
-    def __init__(self, task: Task) -> None:
+    The task's stop ends the periodic checkpoint in flight, except SIGTERM with
+    `keep_on_sigterm`: then the preempted chief decides about it (`preemption`), and ends it
+    with `abandon` in any case. `save` is the main thread's; `start` runs one in a thread."""
+
+    def __init__(self, task: Task, *, keep_on_sigterm: bool = False) -> None:
         self.task = task
+        self.keep_on_sigterm = keep_on_sigterm
         config = task.training.checkpoint
         self.root = Path(config.dir) if config.dir else None
         self.every_steps = config.everySteps
@@ -31,11 +38,17 @@ class Checkpointer:
         self.last_step: int | None = None
         self._thread: threading.Thread | None = None
         self._stop: stopping.Stop | None = None
+        self._target: int | None = None  # the step of the periodic checkpoint in flight
 
     @property
     def busy(self) -> bool:
         """Whether a periodic checkpoint is being written (one at a time)."""
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def in_flight(self) -> int | None:
+        """The step of the periodic checkpoint being written, if one is."""
+        return self._target if self.busy else None
 
     def policy(self, *, steps: int) -> watch.Policy:
         """When periodic checkpoints are due (`watch.checkpoint_target`)."""
@@ -50,7 +63,13 @@ class Checkpointer:
         # Its own stop, set by the task's or by `abandon`: a Save waiting for a step that
         # never comes would otherwise hold the process at exit (its pool's threads are joined).
         stop = self._stop = stopping.Stop()
-        unlink = self.task.stop.callback(stop.request)
+        self._target = step
+
+        def task_stopped() -> None:
+            if not (self.keep_on_sigterm and self.task.stop.received == signal.SIGTERM):
+                stop.request()
+
+        unlink = self.task.stop.callback(task_stopped)
 
         def run() -> None:
             client = self.task.ps_client(stop=stop)
@@ -68,9 +87,12 @@ class Checkpointer:
         self._thread = threading.Thread(target=run, name="checkpoint", daemon=True)
         self._thread.start()
 
-    def wait(self) -> None:
+    def wait(self, timeout: float | None = None) -> bool:
+        """Waits (up to `timeout` seconds) for the periodic checkpoint in flight; whether
+        none is in flight any more."""
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout=timeout)
+        return not self.busy
 
     def abandon(self) -> None:
         """Ends the periodic checkpoint in flight, uncommitted (the chief is going)."""
@@ -78,7 +100,11 @@ class Checkpointer:
             self._stop.request()
             self.wait()
 
-    def save(self, client: PsClient, *, step: int, epoch: int) -> None:
+    def save(
+        self, client: PsClient, *, step: int, epoch: int, timeout: float | None = None
+    ) -> None:
+        """Commits the checkpoint of `step` (each ps saves its part when it gets there, for at
+        most `timeout` seconds: by default, long enough for a slow step and a large model)."""
         assert self.root is not None
         training = self.task.training
         started = time.monotonic()
@@ -91,7 +117,7 @@ class Checkpointer:
             optimizer=training.optimizer.to_json(),
             mode=training.mode,
             keep=training.checkpoint.keep,
-            timeout=max(120.0, 10 * training.workerTimeoutSeconds),
+            timeout=timeout or max(120.0, 10 * training.workerTimeoutSeconds),
         )
         self.last_step = step
         self.task.metrics.last_checkpoint_step.set(step)

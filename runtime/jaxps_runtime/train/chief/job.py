@@ -5,6 +5,7 @@ also runs worker 0's training loop in a thread (`WorkerZero`)."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from concurrent import futures
@@ -16,6 +17,7 @@ from jaxps_runtime.client.psclient import PsClientError
 from jaxps_runtime.process import stopping
 from jaxps_runtime.ps import server
 from jaxps_runtime.train import outcome
+from jaxps_runtime.train.chief import preemption
 from jaxps_runtime.train.chief.checkpointer import Checkpointer
 from jaxps_runtime.train.chief.coordination import Coordination, ps_gone
 from jaxps_runtime.train.chief.finish import Finish
@@ -91,7 +93,11 @@ class Chief:
         where = server.bind_address(task.chief_address, override=bind)
         if not rpc.add_port(self._server, where, task.credentials):
             raise server.BindError(f"{task.name}: cannot listen on {where}")
-        checkpointer = self.checkpointer = Checkpointer(task)
+        preempt_seconds = preemption.seconds(os.environ)
+        checkpointer = self.checkpointer = Checkpointer(task, keep_on_sigterm=preempt_seconds > 0)
+        self.preemption = preemption.Preemption(
+            task, checkpointer=checkpointer, seconds=preempt_seconds
+        )
         self.finish = Finish(
             task, membership=self.membership, checkpointer=checkpointer, started=time.monotonic()
         )
@@ -144,9 +150,11 @@ class Chief:
             return 0
         finally:
             self.task.metrics.training.set(0)
-            self.checkpointer.abandon()
             if worker_zero is not None and self.task.stop.is_set:
                 worker_zero.join(timeout=stopping.PUSH_GRACE_SECONDS + 1)
+            if self.task.stop.is_set:  # after worker 0's last push: on SIGTERM, a checkpoint
+                self.preemption.run(client, brought_up=bool(self.coordination.started_from))
+            self.checkpointer.abandon()
             self.task.metrics.ready.clear()
             self.progress.close()
             client.close()
