@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from jaxps_operator import builders
@@ -108,9 +110,18 @@ _POD_FIELDS = (
 
 
 def _container(c: Mapping[str, Any], image: str) -> dict[str, Any]:
-    out = {"name": str(c.get("name") or "jaxps"), "image": str(c.get("image") or image)}
-    if c.get("resources"):
-        out["resources"] = copy.deepcopy(c["resources"])
+    out: dict[str, Any] = {
+        "name": str(c.get("name") or "jaxps"),
+        "image": str(c.get("image") or image),
+    }
+    if c.get("resources"):  # quantities as text: the CRD takes an integer or a string
+        out["resources"] = {
+            kind: {str(k): str(v) for k, v in (values or {}).items()}
+            for kind, values in c["resources"].items()
+            if isinstance(values, Mapping)
+        }
+    if c.get("restartPolicy"):  # a sidecar (Always) is charged with the containers
+        out["restartPolicy"] = str(c["restartPolicy"])
     return out
 
 
@@ -290,15 +301,42 @@ def admission(
     )
 
 
-def _pruned(value: Any) -> Any:
-    """`value` without empty parts, its leaves as text: what the API server and Kueue's
-    webhook (which decodes into Go types and encodes again) add or retype compares equal."""
+_SUFFIXES = {
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: Decimal(10) ** e for s, e in (("n", -9), ("u", -6), ("m", -3), ("", 0))},
+    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
+}
+_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)([a-zA-Z]{0,2})$")
+
+
+def _quantity(text: str) -> str | None:
+    """A Kubernetes quantity as one canonical number ("0.5", "500m" -> "0.5"), else None."""
+    found = _QUANTITY.match(text)
+    if found is None or found.group(2) not in _SUFFIXES:
+        return None
+    try:
+        value = Decimal(found.group(1)) * _SUFFIXES[found.group(2)]
+    except InvalidOperation:
+        return None
+    return format(value.normalize(), "f")
+
+
+def _pruned(value: Any, *, quantities: bool = False) -> Any:
+    """`value` without empty parts, its leaves as text and the quantities under `resources`
+    and `overhead` as numbers: what the API server and Kueue (which decodes into Go types
+    and encodes again: "1024Mi" comes back "1Gi") add or rewrite compares equal."""
     if isinstance(value, Mapping):
-        out = {str(k): _pruned(v) for k, v in value.items()}
+        out = {
+            str(k): _pruned(v, quantities=quantities or k in ("resources", "overhead"))
+            for k, v in value.items()
+        }
         return {k: v for k, v in out.items() if v not in (None, {}, [], "")}
     if isinstance(value, list | tuple):
-        return [_pruned(v) for v in value]
-    return None if value is None else str(value)
+        return [_pruned(v, quantities=quantities) for v in value]
+    if value is None:
+        return None
+    text = str(value)
+    return (_quantity(text) or text) if quantities else text
 
 
 def stale(wl: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
@@ -397,6 +435,8 @@ def released(wl: Mapping[str, Any], *, now: datetime) -> dict[str, Any]:
         generation=generation,
     )
     status.pop("admission", None)
+    # every pod starts again at the next admission, finished workers included
+    status.pop("reclaimablePods", None)
     return out
 
 

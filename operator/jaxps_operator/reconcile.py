@@ -166,10 +166,14 @@ def reconcile(
 ) -> Outcome:
     """One pass over job `namespace/name`. `parallel` maps a call over the deletes, then over
     the creates (a thread pool's `map` on Kubernetes); `progress_interval` asks for another
-    pass that soon while the chief runs; `network_policy` gives the job a NetworkPolicy."""
+    pass that soon while the chief runs; `network_policy` gives the job a NetworkPolicy;
+    `workloads`: Kueue's API, for jobs labelled with a queue (None: the label is ignored)."""
     raw = cluster.get_job(namespace, name)
     if raw is None or raw["metadata"].get("deletionTimestamp"):
         validator.forget(namespace, name)
+        if workloads is not None:  # its Workloads are the garbage collector's now
+            for wl in workloads.orphans(namespace, name):
+                workloads.apply(kueue.release_finalizer(wl, "the TrainingJob is deleted"))
         return Outcome(state=None)
     try:
         job = validator.job(raw)
@@ -215,7 +219,7 @@ def reconcile(
         plan.events.append(Event("Normal", "Created", f"created {', '.join(created)}"))
     for event in plan.events:
         cluster.post_event(raw, event)
-    if queue is not None and workloads is not None:
+    if queue is not None and workloads is not None and not queue.admission.problem:
         for action in kueue.actions(
             {**job, "status": status},
             state=status["state"],

@@ -5,7 +5,7 @@ The Workload a TrainingJob is admitted through (`kueue.workload`), what jaxps re
 (`kueue.actions`), the planner's gate (`policy.admission`), and whole passes of `reconcile`
 against the in-memory cluster of test_reconcile and `Kueue` below, which plays Kueue's
 scheduler: the tests admit, evict and re-admit as Kueue would (research/kueue.md, sections 2
-and 5). Tests marked xfail(strict) show a bug in the operator: their reason says which.
+and 5).
 """
 
 from __future__ import annotations
@@ -321,7 +321,7 @@ def test_one_pod_set_per_role_in_order_with_its_replicas_and_real_resources() ->
         {
             "name": "main",
             "image": builders.DEFAULT_IMAGE,
-            "resources": {"requests": {"cpu": 1, "memory": "2Gi"}},
+            "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},  # as text for the CRD
         },
         {
             "name": "side",
@@ -369,12 +369,6 @@ def test_a_job_without_the_queue_label_is_not_kueues() -> None:
     assert kueue.queue_name(job()) == QUEUE
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: kueue._container drops an init container's restartPolicy, so Kueue counts a "
-    "sidecar (restartPolicy: Always) as a plain init container (the max, not the sum) and "
-    "charges less than the pod uses",
-)
 def test_a_sidecar_init_container_keeps_its_restart_policy() -> None:
     sidecar = {
         "name": "proxy",
@@ -388,12 +382,6 @@ def test_a_sidecar_init_container_keeps_its_restart_policy() -> None:
     assert worker["template"]["spec"]["initContainers"][0]["restartPolicy"] == "Always"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a quantity the template writes as a YAML number with a fraction (cpu: 0.5) is "
-    "copied as a float; the Workload CRD's quantities are anyOf integer|string, so the API "
-    "server refuses the create and every pass of the job fails",
-)
 def test_every_quantity_in_a_pod_set_is_an_integer_or_text() -> None:
     templates = {"worker": {"spec": {"containers": [{"resources": {"requests": {"cpu": 0.5}}}]}}}
     sets = kueue.workload(job(templates=templates), priority=kueue.Priority())["spec"]["podSets"]
@@ -539,13 +527,6 @@ def test_what_the_api_server_and_kueues_webhook_add_is_not_a_change() -> None:
     assert a.may_run
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: kueue._pruned compares quantities as text; a Workload that Kueue rewrote with "
-    "its Go types (the WorkloadPriorityClass controller or a deactivation Update it) holds "
-    "them canonical ('1000m' -> '1', '1024Mi' -> '1Gi', '0.5' -> '500m'), so an admitted job "
-    "is taken for stale, stopped and its Workload replaced",
-)
 def test_quantities_written_in_kueues_canonical_form_are_not_a_change() -> None:
     requests = {"cpu": "1000m", "memory": "1024Mi"}
     limits = {"cpu": "0.5", "memory": "1.5Gi"}
@@ -674,12 +655,6 @@ def test_a_released_workload_is_not_released_again() -> None:
     assert actions_for(j, action.body, [], state="Preempted") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: kueue.released keeps status.reclaimablePods; the eviction deleted every pod "
-    "and re-admission creates them all again, so Kueue (which charges count - reclaimable) "
-    "charges less than the job runs",
-)
 def test_a_released_workload_claims_no_reclaimable_pods() -> None:
     j = job(workers=3)
     wl = stored(j, admitted=True, evicted="Preempted", reclaimable=[{"name": "worker", "count": 1}])
@@ -919,13 +894,6 @@ def test_a_readmitted_job_gets_its_pods_again_and_is_no_longer_preempted() -> No
     assert result.status["state"] == "Running"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: policy.admission keeps status.startTime through an eviction, so a job "
-    "preempted for longer than runPolicy.activeDeadlineSeconds fails DeadlineExceeded the "
-    "moment Kueue re-admits it; a resume restarts the clock (policy.suspend), and so does "
-    "Kubernetes for a Job Kueue suspends and resumes",
-)
 def test_the_deadline_counts_from_the_readmission() -> None:
     j = job(run={"activeDeadlineSeconds": 600})
     step(j, [], NOW, admission=ADMITTED)
@@ -1215,12 +1183,6 @@ def test_kueue_missing_keeps_the_job_queued_with_its_message_and_no_pod() -> Non
     assert queue.workloads == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: reconcile calls kueue.actions even when _queue found a problem; with Kueue "
-    "missing it tries to create the Workload, which the API server answers 404, so every "
-    "pass of the job fails",
-)
 def test_kueue_missing_tries_no_workload_write() -> None:
     memory, queue = Nodes(manifest()), Kueue(unavailable="Kueue is not installed")
     Run(memory, queue)()
@@ -1239,12 +1201,6 @@ def test_a_missing_workload_priority_class_keeps_the_job_queued_and_says_which()
     assert "does not exist" in queued["message"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: reconcile calls kueue.actions even when _queue found a problem; a job whose "
-    "WorkloadPriorityClass does not exist gets a Workload anyway (with no priority), and from "
-    "then on runs at priority 0 once admitted",
-)
 def test_a_missing_workload_priority_class_creates_no_workload() -> None:
     memory, queue = Nodes(manifest(labels={kueue.PRIORITY_LABEL: "urgent"})), Kueue()
     run = Run(memory, queue)
@@ -1263,12 +1219,6 @@ def test_an_existing_workload_priority_class_sets_the_workloads_priority() -> No
     assert spec["priorityClassRef"]["name"] == "urgent"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: nothing calls Workloads.orphans or kueue.release_finalizer; a job deleted "
-    "before it finished leaves its Workload holding kueue.x-k8s.io/resource-in-use, so the "
-    "garbage collector's delete never completes",
-)
 def test_a_deleted_job_releases_its_workloads_finalizer() -> None:
     memory, queue, run = admitted_and_running()
     memory.job = None

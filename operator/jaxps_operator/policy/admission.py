@@ -67,6 +67,7 @@ def apply(
             status.mark("Queued", False, "Admitted", where)
         if status.true("Preempted"):
             status.mark("Preempted", False, "Readmitted", f"{where}: resumes from its checkpoint")
+            status.body.pop("startTime", None)  # the deadline counts from the admission again
         return False
     reason, message = _why(admission)
     pods = list(pods)
