@@ -13,13 +13,13 @@ export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)/operator
 export JAX_PLATFORMS ?= cpu
 
 .PHONY: help install run test test-unit test-process test-cluster test-e2e lint format verify protos \
-	bench bench-tf clean control-plane node images cluster-up cluster-down
+	bench bench-tf clean control-plane node images kueue cluster-up cluster-down
 # Debian packages of the one-node cluster and the image builder (hack/node.py, hack/image.py)
 NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack mmdebstrap openssl gcc
 TIMED := JAXPS_TIMES=$(CURDIR)/.work/times hack/timed.sh
 
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON_SYSTEM) >/dev/null || { echo "need $(PYTHON_SYSTEM) (>= 3.11)"; exit 1; }
@@ -39,6 +39,7 @@ test: install ## make verify, the builds, then every tier (unit, process, cluste
 	@$(TIMED) "verify" $(MAKE) --no-print-directory verify
 	@$(TIMED) "build: control plane and node" $(MAKE) --no-print-directory node
 	@$(TIMED) "build: images" $(MAKE) --no-print-directory images
+	@$(TIMED) "build: kueue" $(MAKE) --no-print-directory kueue
 	@$(TIMED) "tier: unit" $(PY) -m pytest -q tests/unit
 	@$(TIMED) "tier: process" $(PY) -m pytest -q tests/process
 	@$(TIMED) "tier: cluster" $(PY) -m pytest -q tests/cluster
@@ -54,7 +55,7 @@ test-process: install ## Run the process tests only (real ps processes on 127.0.
 test-cluster: install control-plane ## Run the cluster tests only (a real control plane and the operator)
 	$(PY) -m pytest -q tests/cluster
 
-test-e2e: install node images ## Run the e2e tests only (a real one-node cluster: pods run the runtime)
+test-e2e: install node images kueue ## Run the e2e tests only (a real one-node cluster with Kueue: pods run the runtime)
 	$(PY) -m pytest -q tests/e2e
 
 lint: install ## ruff lint and format check
@@ -103,8 +104,11 @@ images: install ## Build the runtime and operator images without a registry (cac
 	$(PYTHON_SYSTEM) hack/image.py build runtime
 	$(PYTHON_SYSTEM) hack/image.py build operator
 
-cluster-up: node images ## Start a one-node cluster (root) with the operator installed; writes .cluster/kubeconfig
-	$(PYTHON_SYSTEM) hack/node.py up --dir .cluster --with-jaxps
+kueue: ## Build Kueue v0.17.0's manager and chart from its Go module once (cached outside the repo)
+	hack/control-plane.sh kueue
+
+cluster-up: node images kueue ## Start a one-node cluster (root) with Kueue and the operator installed; writes .cluster/kubeconfig
+	$(PYTHON_SYSTEM) hack/node.py up --dir .cluster --with-kueue --with-jaxps
 	@echo "export KUBECONFIG=$(CURDIR)/.cluster/kubeconfig PATH=$$(hack/control-plane.sh bin):\$$PATH"
 
 cluster-down: ## Stop everything cluster-up started; remove its pods, mounts, interfaces and state

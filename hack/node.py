@@ -8,6 +8,10 @@
                                                             built (hack/image.py) and imported,
                                                             and the operator installed with the
                                                             Helm chart (`make cluster-up`)
+    python hack/node.py up   --with-kueue [--dir DIR]        the same, with Kueue v0.17.0 built
+                                                            from its module, imported and
+                                                            installed (hack/kueue.py); alone or
+                                                            with --with-jaxps (Kueue goes first)
     python hack/node.py down [--dir DIR]                    stops every process it started and
                                                             removes its pods, mounts, cgroups,
                                                             interfaces, iptables chains, state;
@@ -24,6 +28,9 @@ What it runs (research/real-node.md is the trial it follows):
   CA and accepting only client certificates of that CA (the API server's) and webhook-checked
   tokens; kube-proxy in iptables mode, so ClusterIP Services (the `kubernetes` one included)
   route.
+
+`up` writes DIR/phases.json, the seconds of each part (node, kueue, jaxps), for the e2e tier's
+record. Kueue runs as a pod in kueue-system, so `down` removes it with every other pod.
 
 One node per machine: the ports are fixed (10250, 10248, 10256, 10249, 10.88.0.1:53) and so is
 the bridge. `up` refuses while another node runs and cleans up after a node whose owner died.
@@ -47,6 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cluster
+import kueue
 
 ROOT = Path(__file__).resolve().parent.parent
 BRIDGE = "jaxps0"
@@ -735,6 +743,17 @@ def install_jaxps(state: Path) -> None:
     log("the jaxps operator runs in namespace jaxps-system")
 
 
+def install_kueue(state: Path) -> float:
+    """Kueue v0.17.0 (hack/kueue.py) imported into this node's containerd and ready to admit;
+    returns the seconds it took."""
+
+    def import_image(tar: Path) -> None:
+        _ctr(state, "images", "import", str(tar))
+
+    seconds = kueue.install(state=state, kubeconfig=state / "kubeconfig", import_image=import_image)
+    return seconds["total"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=("up", "down"))
@@ -745,6 +764,9 @@ def main() -> int:
     parser.add_argument(
         "--with-jaxps", action="store_true", help="build and import both images, install the chart"
     )
+    parser.add_argument(
+        "--with-kueue", action="store_true", help="build, import and install Kueue v0.17.0"
+    )
     args = parser.parse_args()
     state = args.dir.resolve()
     if args.action == "down":
@@ -753,9 +775,17 @@ def main() -> int:
     if (state / "pids").exists():
         raise SystemExit(f"{state} holds a cluster: `python hack/node.py down --dir {state}` first")
     try:
+        started = time.monotonic()
         up(state, args.image)
+        phases = {"node": round(time.monotonic() - started, 1)}
+        # Kueue first: its CRDs exist before the operator starts
+        if args.with_kueue:
+            phases["kueue"] = install_kueue(state)
         if args.with_jaxps:
+            started = time.monotonic()
             install_jaxps(state)
+            phases["jaxps"] = round(time.monotonic() - started, 1)
+        (state / "phases.json").write_text(json.dumps(phases))
     except BaseException:
         down(state)
         raise

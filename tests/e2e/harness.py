@@ -1,6 +1,8 @@
 """The e2e tier: a real one-node cluster (hack/node.py: the control plane, containerd, the
 kubelet, CoreDNS and kube-proxy), both images built here (hack/image.py) and imported into the
 node, and the operator installed with the Helm chart, running in-cluster as its Deployment.
+Kueue v0.17.0 runs on the node too (hack/kueue.py), with only its batch/job integration: jobs
+without a queue label never meet it.
 
 Pods really run the runtime; tests kill real processes on the node. One node per machine:
 the tier takes a lock (a second run waits) and always takes the node down, also after a
@@ -86,6 +88,22 @@ def build_image(name: str) -> Image:
     return Image(name=name, ref=out["ref"], tar=Path(out["tar"]))
 
 
+def build_kueue() -> None:
+    """Kueue's manager and chart (hack/control-plane.sh kueue: once per machine, then cached),
+    built before the node's lock like the images, so node.py's install only reuses them."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(ROOT / "hack" / "control-plane.sh"), "kueue"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=2400,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"hack/control-plane.sh kueue exited {done.returncode}:\n{done.stdout[-4000:]}")
+    phase(f"Kueue manager and chart: ready in {time.monotonic() - started:.1f} s")
+
+
 @dataclass
 class Node:
     """The running node: where its state is, and how to reach the containers on it."""
@@ -135,6 +153,7 @@ def node() -> Iterator[Node]:
     if os.geteuid() != 0:
         pytest.fail("the e2e tier runs a kubelet, containerd and a bridge: it needs root")
     runtime, operator = build_image("runtime"), build_image("operator")
+    build_kueue()
     with open(LOCK, "w") as lock:
         started = time.monotonic()
         fcntl.flock(lock, fcntl.LOCK_EX)  # one node per machine: a second run waits here
@@ -154,11 +173,16 @@ def node() -> Iterator[Node]:
                     str(runtime.tar),
                     "--image",
                     str(operator.tar),
+                    "--with-kueue",
                 ],
                 check=True,
                 timeout=600,
             )
-            phase(f"node up in {time.monotonic() - started:.1f} s")
+            parts = json.loads((state / "phases.json").read_text())
+            phase(
+                f"node up in {time.monotonic() - started:.1f} s (node {parts['node']:.1f} s, "
+                f"Kueue {parts['kueue']:.1f} s)"
+            )
             kubeconfig = state / "kubeconfig"
             configuration = client.Configuration()
             config.load_kube_config(  # type: ignore[no-untyped-call]
