@@ -5,6 +5,7 @@ no network: the task, the checkpointer and the ps client are stand-ins."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,10 @@ from typing import Any, cast
 
 import pytest
 
+from jaxps.v1 import parameter_server_pb2 as ps_pb2
+from jaxps.v1 import tensor_pb2
 from jaxps_runtime.process import stopping
+from jaxps_runtime.train import checkpoint
 from jaxps_runtime.train.chief import preemption
 from jaxps_runtime.train.chief.checkpointer import Checkpointer
 from jaxps_runtime.train.task import Task
@@ -69,12 +73,44 @@ class StuckClient:
         self.closed = True
 
 
-def _task(root: Path | None) -> tuple[Task, list[StuckClient]]:
-    """A chief's task as the checkpointer and the preemption use it; the clients it made."""
-    clients: list[StuckClient] = []
+class Tier:
+    """Two ps READY at epoch 1 (incarnations 7 and 8) at `steps`, as a ps client sees them;
+    Save answers at once at the step every ps holds, and is refused at any other."""
 
-    def ps_client(*, stop: stopping.Stop) -> StuckClient:
-        clients.append(StuckClient(stop))
+    def __init__(self, steps: list[int], *, state: ps_pb2.PsState = ps_pb2.READY) -> None:
+        self.steps, self.state = steps, state
+        self.epoch, self.incarnations = 1, [7, 8]
+        self.saved: list[int] = []
+        self.closed = False
+
+    def _id(self, ps: int) -> tensor_pb2.Identity:
+        return tensor_pb2.Identity(ps_incarnation=7 + ps, cluster_epoch=1)
+
+    def statuses(self, *, timeout: float) -> list[ps_pb2.StatusReply]:
+        return [
+            ps_pb2.StatusReply(id=self._id(i), state=self.state, step=step)
+            for i, step in enumerate(self.steps)
+        ]
+
+    def save(self, *, step: int, directory: str, timeout: float) -> list[ps_pb2.CheckpointReply]:
+        assert set(self.steps) == {step}, f"Save at {step}, the ps are at {self.steps}"
+        self.saved.append(step)
+        return [
+            ps_pb2.CheckpointReply(id=self._id(i), step=step, file=f"{directory}/ps-{i}.npz")
+            for i in range(len(self.steps))
+        ]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _task(root: Path | None, tier: Tier | None = None) -> tuple[Task, list[StuckClient | Tier]]:
+    """A chief's task as the checkpointer and the preemption use it; the ps clients it made
+    (each a `StuckClient`, or `tier`)."""
+    clients: list[StuckClient | Tier] = []
+
+    def ps_client(*, stop: stopping.Stop) -> StuckClient | Tier:
+        clients.append(tier or StuckClient(stop))
         return clients[-1]
 
     checkpoint = SimpleNamespace(
@@ -92,6 +128,7 @@ def _task(root: Path | None) -> tuple[Task, list[StuckClient]]:
         training=training,
         placement=SimpleNamespace(to_dict=dict),
         ps_client=ps_client,
+        metrics=SimpleNamespace(last_checkpoint_step=SimpleNamespace(set=lambda _: None)),
     )
     return cast(Task, task), clients
 
@@ -114,7 +151,7 @@ def test_a_stop_ends_the_periodic_checkpoint_in_flight_unless_it_is_a_preemption
     assert checkpointer.wait(timeout=0.5) is not keeps
     checkpointer.abandon()  # what the chief does on its way out, whatever the stop
     assert checkpointer.in_flight is None
-    assert clients[0].closed
+    assert all(c.closed for c in clients)
 
 
 def test_a_checkpointer_not_told_to_keep_it_ends_it_on_sigterm_too(tmp_path: Path) -> None:
@@ -170,3 +207,68 @@ def test_a_stopped_chief_says_why_it_writes_no_checkpoint(
     assert lines == ([case.said] if case.said else [])
     assert clients == []  # no ps was asked anything
     assert not list(tmp_path.iterdir())
+
+
+def _preempt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, tier: Tier, *, last_step: int | None = None
+) -> list[str]:
+    """A chief with a checkpoint directory (its last committed checkpoint `last_step`) gets
+    SIGTERM with the ps tier at `tier`; what it logs of it."""
+    task, _ = _task(tmp_path, tier)
+    checkpointer = Checkpointer(task, keep_on_sigterm=True)
+    checkpointer.last_step = last_step
+    preempted = preemption.Preemption(task, checkpointer=checkpointer, seconds=20)
+    task.stop.request(signal.SIGTERM)
+    client = SimpleNamespace(epoch=1, incarnations=[7, 8])
+    with caplog.at_level(logging.INFO, logger=preemption.__name__):
+        preempted.run(cast(Any, client), brought_up=True)
+    assert tier.closed
+    return [r.getMessage() for r in caplog.records if r.name == preemption.__name__]
+
+
+def test_a_preempted_chief_commits_the_step_the_ps_tier_holds(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tier = Tier([40, 40])
+    (line,) = _preempt(tmp_path, caplog, tier)
+    assert line.startswith("preempted (SIGTERM): checkpoint of step 40 committed in ")
+    assert tier.saved == [40]
+    assert [m.step for m in checkpoint.committed(tmp_path)] == [40]
+
+
+def test_a_step_already_committed_is_not_saved_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    checkpoint.commit(
+        tmp_path,
+        checkpoint.Manifest(
+            step=40, epoch=1, placement={}, optimizer="{}", mode="sync", cursors={}, shards=[]
+        ),
+    )
+    tier = Tier([40, 40])
+    lines = _preempt(tmp_path, caplog, tier, last_step=40)
+    assert lines == [
+        "preempted (SIGTERM): no new checkpoint: the one of step 40 is already committed"
+    ]
+    assert tier.saved == []
+
+
+def test_a_ps_tier_not_ready_at_the_chiefs_epoch_is_not_saved(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tier = Tier([40, 40], state=ps_pb2.ASSIGNING)
+    lines = _preempt(tmp_path, caplog, tier)
+    assert lines == ["preempted (SIGTERM): no checkpoint: ps-0 is ASSIGNING at epoch 1"]
+    assert tier.saved == []
+    assert not checkpoint.committed(tmp_path)
+
+
+def test_a_file_left_by_a_ps_that_died_writing_is_no_reason_to_wait(tmp_path: Path) -> None:
+    directory = checkpoint.step_dir(tmp_path, 40)
+    directory.mkdir()
+    left = directory / "ps-0.npz.tmp"
+    left.write_bytes(b"half")
+    os.utime(left, (0, 0))
+    stopped = stopping.Stop()
+    stopped.request()  # any wait would raise Stopped at once
+    preemption.Preemption._quiet(tmp_path, 40, stopped)

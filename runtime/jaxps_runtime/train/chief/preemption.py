@@ -32,6 +32,7 @@ only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -238,7 +239,17 @@ class Preemption:
     def _quiet(root: Path, step: int, own: stopping.Stop) -> None:
         """Waits while a ps writes a file of `step` for a Save that ended without its reply
         (the final checkpoint's, cut off by the signal): a second Save of the step would write
-        the same file at the same time."""
+        the same file at the same time. A file left by a ps that died writing is no reason to
+        wait: one written to stays younger than `STILL_SECONDS`."""
         directory = checkpoint.step_dir(root, step)
-        while any(directory.glob("*.tmp")):
+
+        def writing() -> bool:
+            now = time.time()
+            for partial in directory.glob("*.tmp"):
+                with contextlib.suppress(OSError):  # renamed meanwhile: written
+                    if now - partial.stat().st_mtime < STILL_SECONDS:
+                        return True
+            return False
+
+        while writing():
             own.sleep(LOOK_SECONDS)
