@@ -261,6 +261,12 @@ def workload(jobs: E2eJobs, name: str) -> dict[str, Any] | None:
     return cast(dict[str, Any], found)
 
 
+def kueue_says(jobs: E2eJobs, name: str, words: str) -> dict[str, Any] | None:
+    """The job's Queued condition once its message has `words` in it."""
+    queued = jobs.condition(name, "Queued")
+    return queued if queued is not None and words in queued["message"] else None
+
+
 def admitted(jobs: E2eJobs, name: str) -> bool:
     wl = workload(jobs, name)
     return wl is not None and kueue.condition(wl, "Admitted") is not None
@@ -274,8 +280,13 @@ def test_two_jobs_against_a_quota_for_one_run_one_after_the_other(jobs: E2eJobs)
             start(jobs, first)
             wait_for(lambda: admitted(jobs, "first"), timeout=120, what="first admitted")
             start(jobs, second)
-            queued = jobs.wait_condition("second", "Queued", timeout=60)
-            assert "insufficient" in queued["message"] or "quota" in queued["message"], queued
+            # Kueue's own words, once its scheduler has looked at the Workload
+            queued = wait_for(
+                partial(kueue_says, jobs, "second", "quota"),
+                timeout=60,
+                what="second Queued with Kueue's reason",
+            )
+            timeline.note(f"second Queued: {queued['reason']}: {queued['message']}")
             assert jobs.get("second")["status"]["state"] == "Queued"  # type: ignore[index]
             # while the first runs, the second has no pod at all
             while not jobs.condition("first", "Succeeded"):

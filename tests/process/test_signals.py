@@ -230,7 +230,8 @@ def test_a_chief_stopped_while_a_checkpoint_is_written_commits_nothing(
     )
     partial = root / f"step-{50:09d}" / "ps-0.npz.tmp"
     _wait_for(partial.exists, job, what="ps-0 writing the checkpoint of step 50")
-    case = Case("chief-0")
+    # SIGINT: on SIGTERM a chief with a checkpoint dir commits one last checkpoint (preemption)
+    case = Case("chief-0", signal.SIGINT, 128 + signal.SIGINT)
     _assert_stopped(job, case, *_signal(job, case.task, case.signal))
     _assert_ps_serving(job)
     _wait_for(partial.with_suffix("").exists, job, what="ps-0 finishing its file")

@@ -19,6 +19,8 @@ only records the signal and writes its number to a pipe; a watcher thread logs i
 event and runs the callbacks. A task still running `FORCE_EXIT_SECONDS` after the signal (stuck
 in a call nothing can interrupt, such as a long XLA compilation) exits at once with 128 + the
 signal; further signals change nothing (`jaxps local` sends SIGTERM after a Ctrl-C's SIGINT).
+A task with work to finish on SIGTERM (the preempted chief's last checkpoint) pushes that
+backstop out with `Stop.hold`; SIGINT keeps it.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Stop:
         self._callbacks: dict[int, Callable[[], None]] = {}
         self._ids = itertools.count()
         self._requested = False
+        self._held = FORCE_EXIT_SECONDS  # the backstop after SIGTERM (`hold`)
 
     @property
     def received(self) -> signal.Signals | None:
@@ -81,6 +84,15 @@ class Stop:
         """128 + the signal, as a shell reports a process the signal killed: 143 for SIGTERM.
         The operator's ExitCode policy retries >= 128; a task told to stop did not finish."""
         return 128 + (self._signal or signal.SIGTERM)
+
+    def hold(self, seconds: float) -> None:
+        """Lets the task run up to `seconds` after a SIGTERM (never less than
+        FORCE_EXIT_SECONDS) before the backstop ends it. Call it before the signal."""
+        self._held = max(FORCE_EXIT_SECONDS, seconds)
+
+    def backstop_seconds(self, signum: int) -> float:
+        """How long after `signum` a task still running is ended (`install`)."""
+        return self._held if signum == signal.SIGTERM else FORCE_EXIT_SECONDS
 
     def mark(self, signum: int) -> None:
         """Records the signal (the first one wins); safe in a signal handler: takes no lock."""
@@ -160,7 +172,8 @@ def install(stop: Stop, *, signals: Iterable[signal.Signals] = SIGNALS) -> None:
                 log.info("received %s again: already stopping", name)
                 continue
             log.warning("received %s: stopping", name)
-            backstop = threading.Timer(FORCE_EXIT_SECONDS, _force_exit, args=(stop,))
+            seconds = stop.backstop_seconds(got[0])
+            backstop = threading.Timer(seconds, _force_exit, args=(stop, seconds))
             backstop.daemon = True
             backstop.start()
             stop.request(got[0])
@@ -170,10 +183,10 @@ def install(stop: Stop, *, signals: Iterable[signal.Signals] = SIGNALS) -> None:
         signal.signal(signum, on_signal)
 
 
-def _force_exit(stop: Stop) -> None:
+def _force_exit(stop: Stop, seconds: float) -> None:
     log.error(
         "still running %.0f s after %s: exiting now with %d",
-        FORCE_EXIT_SECONDS,
+        seconds,
         stop.reason,
         stop.exit_code,
     )

@@ -98,6 +98,7 @@ class Chief:
         self.preemption = preemption.Preemption(
             task, checkpointer=checkpointer, seconds=preempt_seconds
         )
+        self.preemption.hold()
         self.finish = Finish(
             task, membership=self.membership, checkpointer=checkpointer, started=time.monotonic()
         )

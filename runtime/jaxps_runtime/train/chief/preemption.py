@@ -24,10 +24,10 @@ In order (`Preemption.run`), all before a deadline:
    is already committed.
 
 The deadline: `JAXPS_PREEMPT_CHECKPOINT_SECONDS` after the signal (default 20, below
-Kubernetes' default grace period of 30 s; 0: no checkpoint), and never later than `MARGIN_SECONDS`
-before `stopping`'s backstop ends the process. Past it, the Saves in flight end and nothing is
-committed: the previous checkpoint stays, as when any checkpoint fails. The chief's main thread
-only.
+Kubernetes' default grace period of 30 s; 0: no checkpoint); `hold` pushes `stopping`'s
+backstop to `MARGIN_SECONDS` past it, and the deadline never comes later than that. Past it,
+the Saves in flight end and nothing is committed: the previous checkpoint stays, as when any
+checkpoint fails. The chief's main thread only.
 """
 
 from __future__ import annotations
@@ -127,13 +127,10 @@ class Preemption:
             return
         except stopping.Stopped:
             log.warning(
-                "%sno checkpoint: not committed within %.1f s (%s after the signal, and %g s "
-                "before stopping's %g s backstop); the previous one stays",
+                "%sno checkpoint: not committed within %.1f s (%s); the previous one stays",
                 PREFIX,
                 limit,
                 ENV,
-                MARGIN_SECONDS,
-                stopping.FORCE_EXIT_SECONDS,
             )
             return
         except (PsClientError, OSError, checkpoint.CheckpointError) as err:
@@ -150,11 +147,18 @@ class Preemption:
         else:
             log.info("%sno new checkpoint: the one of step %d is already committed", PREFIX, step)
 
+    def hold(self) -> None:
+        """Pushes `stopping`'s backstop after SIGTERM past the deadline (a chief with a
+        checkpoint directory only, before any signal)."""
+        if self.checkpointer.root is not None and self.seconds > 0:
+            self.task.stop.hold(self.seconds + MARGIN_SECONDS)
+
     def _limit(self) -> float:
         """Seconds from now for the checkpoint: `seconds` after the signal, ending in time
         before `stopping`'s backstop ends the process."""
         since = time.monotonic() - self._signalled if self._signalled is not None else 0.0
-        allowed = min(self.seconds, stopping.FORCE_EXIT_SECONDS - MARGIN_SECONDS)
+        backstop = self.task.stop.backstop_seconds(signal.SIGTERM)
+        allowed = min(self.seconds, backstop - MARGIN_SECONDS)
         return max(allowed - since, 0.0)
 
     def _checkpoint(self, client: PsClient, *, root: Path, deadline: float) -> int:
