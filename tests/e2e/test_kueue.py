@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from jaxps_operator import kueue
 from tests.cluster.harness import wait_for
-from tests.e2e.harness import E2eJobs, Installed, keep, phase
+from tests.e2e.harness import RELEASE_NAMESPACE, E2eJobs, Installed, keep, phase
 from tests.e2e.test_training import start, summary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -317,7 +317,7 @@ def test_a_high_priority_job_preempts_a_low_one_which_resumes_from_its_checkpoin
     jobs: E2eJobs,
 ) -> None:
     with queues(jobs, cpu=QUOTA_ONE_JOB) as q:
-        low = queued_job("low", queue=q.local, priority=q.low, steps=1500)
+        low = queued_job("low", queue=q.local, priority=q.low, steps=3000)
         high = queued_job("high", queue=q.local, priority=q.high, steps=300)
         with Timeline(jobs, ["low", "high"]) as timeline:
             start(jobs, low)
@@ -345,7 +345,7 @@ def test_a_high_priority_job_preempts_a_low_one_which_resumes_from_its_checkpoin
         assert resumed["how"] == "restored", resumed
         # the checkpoint written when it was preempted, not an older one
         assert resumed["step"] >= at_preemption, (resumed, at_preemption)
-        assert done["status"]["progress"]["step"] == 1500
+        assert done["status"]["progress"]["step"] == 3000
         assert not jobs.condition("low", "Preempted")
         assert jobs.condition("low", "Admitted")
 
@@ -368,7 +368,7 @@ def test_kueue_killed_a_workload_deleted_and_a_queued_job_deleted_leave_nothing_
         )
         # Kueue down while a job arrives: it waits, with no pod, until Kueue admits it
         installed.node.kill(manager)
-        start(jobs, queued_job("during", queue=q.local, steps=600))
+        start(jobs, queued_job("during", queue=q.local, steps=3000))
         wait_for(
             lambda: admitted(jobs, "during"), timeout=240, what="admitted after Kueue's restart"
         )
@@ -389,13 +389,32 @@ def test_kueue_killed_a_workload_deleted_and_a_queued_job_deleted_leave_nothing_
             what="a new Workload for the job whose Workload was deleted",
         )
         jobs.wait_done("during")
-        # a job deleted while it waits: its Workload goes and nothing stays reserved
-        start(jobs, queued_job("blocker", queue=q.local, steps=1500))
+        # the operator restarted while a job waits: it still waits, with no pod
+        start(jobs, queued_job("blocker", queue=q.local, steps=100000))
         wait_for(lambda: admitted(jobs, "blocker"), timeout=120, what="blocker admitted")
         start(jobs, queued_job("waiting", queue=q.local))
-        jobs.wait_condition("waiting", "Queued", timeout=60)
-        waiting = workload(jobs, "waiting")
-        assert waiting is not None
+        waiting = wait_for(
+            partial(workload, jobs, "waiting"), timeout=60, what="waiting's Workload"
+        )
+        wait_for(partial(kueue_says, jobs, "waiting", "quota"), timeout=60, what="waiting Queued")
+        old = installed.ready_pod()
+        installed.node.cluster.kubectl(
+            "delete", "pod", "-n", RELEASE_NAMESPACE, old["metadata"]["name"], "--wait=false"
+        )
+        wait_for(
+            lambda: (
+                (pod := installed.pod()) is not None
+                and pod["metadata"]["uid"] != old["metadata"]["uid"]
+            ),
+            timeout=120,
+            what="a new operator pod",
+        )
+        installed.ready_pod()
+        phase("operator replaced while a job waits in its queue")
+        jobs.wait_progress("blocker", "step", 1, timeout=120)
+        assert jobs.pods("waiting") == {}
+        assert jobs.get("waiting")["status"]["state"] == "Queued"  # type: ignore[index]
+        # a job deleted while it waits, and the one that held the quota: nothing stays
         for name in ("waiting", "blocker"):
             jobs.cluster.custom.delete_namespaced_custom_object(
                 "jaxps.dev", "v1alpha1", jobs.namespace, "trainingjobs", name
