@@ -177,7 +177,8 @@ def test_wait_for_a_condition_a_job_never_has_is_refused_before_any_read(conditi
     with pytest.raises(ValueError, match=f"condition {condition!r} is not one") as caught:
         Client(backend).wait("mnist", condition)
     assert str(caught.value).endswith(
-        "expected one of Created, PodsReady, Running, Restarting, Succeeded, Failed, Suspended"
+        "expected one of Created, PodsReady, Running, Restarting, Succeeded, Failed, Suspended, "
+        "Queued, Admitted, Preempted"
     )
     assert backend.reads == 0
 

@@ -34,7 +34,18 @@ from jaxps_operator import schema
 Manifest = str | Path | Mapping[str, Any]
 TERMINAL = ("Succeeded", "Failed")
 # the types of status.conditions (the CRD's), the conditions `wait` can wait for
-CONDITIONS = ("Created", "PodsReady", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
+CONDITIONS = (
+    "Created",
+    "PodsReady",
+    "Running",
+    "Restarting",
+    "Succeeded",
+    "Failed",
+    "Suspended",
+    "Queued",  # under Kueue: waiting for admission
+    "Admitted",
+    "Preempted",
+)
 REQUEST_SECONDS = 30.0  # the Kubernetes backend's default timeout of one API request
 
 
