@@ -186,6 +186,13 @@ def reconcile(
     network = cluster.network(job)
     finished = (job["status"].get("state") or "") in TERMINAL
     queue = _queue(job, workloads, image=image, finished=finished)
+    if queue is None and workloads is not None and _was_queued(job):
+        # the queue label was removed: the job runs without Kueue, its Workload goes
+        for wl in workloads.orphans(namespace, name):  # deleted, then its finalizer goes
+            if wl["metadata"].get("deletionTimestamp"):
+                workloads.apply(kueue.release_finalizer(wl, "the job left its queue"))
+            else:
+                workloads.apply(kueue.Action("delete", wl, "the job left its queue"))
     chief = planner.chief_pod(job, children.pods)
     running = chief is not None and chief.phase == "Running"
     plan = planner.plan(
@@ -287,6 +294,14 @@ def _queue(
         workload=wl,
         desired=desired,
         admission=kueue.admission(job, wl, desired=desired, flavors=flavors, problem=problem),
+    )
+
+
+def _was_queued(job: Mapping[str, Any]) -> bool:
+    """Whether the job was once in a Kueue queue (it has a Queued or Admitted condition)."""
+    return any(
+        c.get("type") in ("Queued", "Admitted")
+        for c in (job.get("status") or {}).get("conditions") or []
     )
 
 

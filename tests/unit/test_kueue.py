@@ -1232,3 +1232,15 @@ def test_a_job_not_in_a_queue_runs_without_a_workload() -> None:
     assert sorted(memory.pods) == ["tj-ps-0", "tj-worker-0", "tj-worker-1"]
     assert queue.workloads == {}
     assert queue.writes == []
+
+
+def test_a_job_whose_queue_label_is_removed_runs_without_kueue_and_its_workload_goes() -> None:
+    memory, queue, run = admitted_and_running()
+    assert memory.job is not None
+    del memory.job["metadata"]["labels"][kueue.QUEUE_LABEL]
+    run(1)  # deleted: its finalizer holds it
+    run(2)  # the finalizer released: gone
+    assert queue.workloads == {}  # finalizer released, then deleted: no quota stays held
+    assert job_cond(memory, "Admitted")["status"] == "False"
+    assert job_cond(memory, "Admitted")["reason"] == "QueueLabelRemoved"
+    assert sorted(memory.pods) == ["tj-ps-0", "tj-worker-0", "tj-worker-1"]  # not stopped

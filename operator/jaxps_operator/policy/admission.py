@@ -54,6 +54,9 @@ def apply(
     """True while the job may not run (its pods are being stopped); False when it is not
     Kueue's or is admitted."""
     if admission is None:
+        for key in ("Queued", "Admitted"):  # it was in a queue: its label was removed
+            if status.condition(key) is not None and status.true(key):
+                status.mark(key, False, "QueueLabelRemoved", "the job runs without Kueue")
         return False
     name = job["metadata"]["name"]
     if admission.may_run:
