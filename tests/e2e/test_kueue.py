@@ -482,3 +482,33 @@ def test_admission_to_running_with_and_without_kueue(jobs: E2eJobs) -> None:
         for line in lines:
             phase(line)
         keep("\n".join(lines), "kueue-admission-to-running.txt")
+
+
+def test_suspend_deactivates_the_workload_and_resume_requeues_it_from_the_checkpoint(
+    jobs: E2eJobs,
+) -> None:
+    with queues(jobs, cpu=QUOTA_ONE_JOB) as q:
+        start(jobs, queued_job("paused", queue=q.local, steps=3000))
+        at_suspend = jobs.wait_progress("paused", "step", 200, timeout=300)
+        jobs.patch_spec("paused", {"runPolicy": {"suspend": True}})
+        jobs.wait_condition("paused", "Suspended", timeout=60)
+        wait_for(lambda: not jobs.pods("paused"), timeout=120, what="every pod of paused gone")
+
+        def given_back() -> bool:
+            wl = workload(jobs, "paused")
+            return (
+                wl is not None
+                and wl["spec"].get("active") is False
+                and kueue.condition(wl, "QuotaReserved") is None
+                and int(q.usage().get("reservingWorkloads", 1)) == 0
+            )
+
+        wait_for(given_back, timeout=60, what="the suspended job's quota given back")
+        jobs.patch_spec("paused", {"runPolicy": {"suspend": False}})
+        done = jobs.wait_done("paused")
+        resumed = summary(jobs, "paused-worker-0")["startedFrom"]
+        phase(f"suspended at step >= {at_suspend} under Kueue; resumed from {resumed}")
+        assert resumed["how"] == "restored", resumed
+        assert resumed["step"] >= at_suspend, (resumed, at_suspend)
+        assert done["status"]["progress"]["step"] == 3000
+        assert not jobs.condition("paused", "Preempted")  # the job's own suspend

@@ -1244,3 +1244,33 @@ def test_a_job_whose_queue_label_is_removed_runs_without_kueue_and_its_workload_
     assert job_cond(memory, "Admitted")["status"] == "False"
     assert job_cond(memory, "Admitted")["reason"] == "QueueLabelRemoved"
     assert sorted(memory.pods) == ["tj-ps-0", "tj-worker-0", "tj-worker-1"]  # not stopped
+
+
+def test_a_suspended_job_deactivates_its_workload_and_resumes_queued_not_preempted() -> None:
+    memory, queue, run = admitted_and_running()
+    assert memory.job is not None
+    memory.job["spec"]["runPolicy"]["suspend"] = True
+    memory.job["metadata"]["generation"] = 2
+    assert run(1).state == "Suspended"
+    assert queue.only()["spec"]["active"] is False  # Kueue evicts it: Deactivated
+    assert sorted(memory.deleted) == ["tj-worker-0", "tj-worker-1"]  # the ps last
+    queue.evict("Deactivated")
+    memory.gone()
+    run(2)
+    memory.gone()
+    run(3)
+    wl = queue.only()
+    assert status_conditions(wl)["QuotaReserved"] == ("False", "Pending")
+    assert status_conditions(wl)["Requeued"] == ("False", "Deactivated")  # parked until resumed
+    memory.job["spec"]["runPolicy"]["suspend"] = False
+    memory.job["metadata"]["generation"] = 3
+    assert run(4).state == "Queued"  # waits for Kueue again: not a preemption
+    assert queue.only()["spec"]["active"] is True
+    assert memory.pods == {}
+    assert not any(  # a suspend is the job's own doing
+        c["type"] == "Preempted" and c["status"] == "True"
+        for c in memory.job["status"]["conditions"]
+    )
+    queue.admit()
+    run(5)
+    assert sorted(memory.pods) == ["tj-ps-0", "tj-worker-0", "tj-worker-1"]

@@ -75,7 +75,9 @@ def apply(
     reason, message = _why(admission)
     pods = list(pods)
     was_running = status.true("Admitted")
-    preempted = admission.evicted is not None or (was_running and pods)
+    # Deactivated: the job's own runPolicy.suspend (spec.active false), not a preemption
+    evicted = admission.evicted is not None and admission.evicted[0] != "Deactivated"
+    preempted = evicted or (was_running and bool(pods))
     if preempted and not status.true("Preempted"):
         detail = message
         if admission.preempted is not None:  # Kueue's Preempted reason: InClusterQueue, ...
