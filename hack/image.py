@@ -831,24 +831,35 @@ def build_image(plan: Plan, scratch: Path) -> None:
     os.replace(archive, plan.tar)
 
 
-def build(plan: Plan) -> bool:
-    """The image tarball at plan.tar; True when it was already there (then only touched)."""
-    tar_pattern = rf"{re.escape(plan.name)}-[0-9a-f]{{12}}\.tar"
-    if plan.tar.is_file():
-        os.utime(plan.tar)
-        prune(plan.tar.parent, tar_pattern)
+def cached_build(tar: Path, name: str, cache: Path, make: Callable[[Path], None]) -> bool:
+    """`tar` made by `make(scratch)` in a scratch directory of `cache` (removed afterwards),
+    unless it is there already: then it is only touched and True is returned. Older tarballs
+    of `name` are pruned either way."""
+    tar_pattern = rf"{re.escape(name)}-[0-9a-f]{{12}}\.tar"
+    if tar.is_file():
+        os.utime(tar)
+        prune(tar.parent, tar_pattern)
         return True
-    check_host(plan.root)
-    os.umask(0o022)  # every file the image gets is readable by the Dockerfile's USER
-    clear_stale_scratch(plan.cache)
-    (plan.cache / "tmp").mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=plan.cache / "tmp"))
+    clear_stale_scratch(cache)
+    (cache / "tmp").mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=cache / "tmp"))
     try:
-        build_image(plan, scratch)
+        make(scratch)
     finally:
         remove_tree(scratch)
-    prune(plan.tar.parent, tar_pattern)
+    prune(tar.parent, tar_pattern)
     return False
+
+
+def build(plan: Plan) -> bool:
+    """The image tarball at plan.tar; True when it was already there (then only touched)."""
+
+    def make(scratch: Path) -> None:
+        check_host(plan.root)
+        os.umask(0o022)  # every file the image gets is readable by the Dockerfile's USER
+        build_image(plan, scratch)
+
+    return cached_build(plan.tar, plan.name, plan.cache, make)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -916,15 +927,8 @@ def build_static(plan: StaticPlan) -> bool:
     """The image tarball at plan.tar; True when it was already there (then only touched). Needs
     neither root nor a network: the binary is copied into a scratch rootfs, 0755, as the only
     file of the layer."""
-    tar_pattern = rf"{re.escape(plan.name)}-[0-9a-f]{{12}}\.tar"
-    if plan.tar.is_file():
-        os.utime(plan.tar)
-        prune(plan.tar.parent, tar_pattern)
-        return True
-    clear_stale_scratch(plan.cache)
-    (plan.cache / "tmp").mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=plan.cache / "tmp"))
-    try:
+
+    def make(scratch: Path) -> None:
         rootfs = scratch / "rootfs"
         rootfs.mkdir()
         target = rootfs / plan.entrypoint.lstrip("/")
@@ -935,10 +939,8 @@ def build_static(plan: StaticPlan) -> bool:
         write_oci_archive(rootfs=rootfs, archive=archive, ref=plan.ref, config=config)
         plan.tar.parent.mkdir(parents=True, exist_ok=True)
         os.replace(archive, plan.tar)
-    finally:
-        remove_tree(scratch)
-    prune(plan.tar.parent, tar_pattern)
-    return False
+
+    return cached_build(plan.tar, plan.name, plan.cache, make)
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:

@@ -179,17 +179,10 @@ def workload(
 # --- what Kueue says -----------------------------------------------------------------------------
 
 
-def condition(obj: Mapping[str, Any], type_: str) -> dict[str, Any] | None:
-    """The True condition of that type on a Kueue object, or None."""
+def condition(obj: Mapping[str, Any], type_: str, status: str = "True") -> dict[str, Any] | None:
+    """The condition of that type on a Kueue object when its status is `status`, or None."""
     for c in (obj.get("status") or {}).get("conditions") or []:
-        if c.get("type") == type_ and c.get("status") == "True":
-            return dict(c)
-    return None
-
-
-def _false(obj: Mapping[str, Any], type_: str) -> dict[str, Any] | None:
-    for c in (obj.get("status") or {}).get("conditions") or []:
-        if c.get("type") == type_ and c.get("status") == "False":
+        if c.get("type") == type_ and c.get("status") == status:
             return dict(c)
     return None
 
@@ -267,7 +260,7 @@ def admission(
     status = wl.get("status") or {}
     evicted = condition(wl, "Evicted")
     preempted = condition(wl, "Preempted")
-    waiting = _false(wl, "QuotaReserved") or {}
+    waiting = condition(wl, "QuotaReserved", "False") or {}
     assigned = status.get("admission") or {}
     placement: dict[str, Placement] = {}
     for a in assigned.get("podSetAssignments") or []:
@@ -462,7 +455,7 @@ def actions(
     has_finalizer = FINALIZER in (meta.get("finalizers") or [])
     if meta.get("deletionTimestamp"):
         if has_finalizer and (finished or not active):
-            return [_without_finalizer(wl, "deleted, and the job's pods are gone")]
+            return [release_finalizer(wl, "deleted, and the job's pods are gone")]
         return []
     out: list[Action] = []
     if finished:
@@ -481,7 +474,7 @@ def actions(
             )
             out.append(Action("status", body, f"the job {state.lower()}"))
         elif has_finalizer:
-            out.append(_without_finalizer(wl, "the job finished"))
+            out.append(release_finalizer(wl, "the job finished"))
         return out
     reserved = condition(wl, "QuotaReserved") is not None
     spec = wl.get("spec") or {}
@@ -517,10 +510,6 @@ class UnavailableError(Exception):
 
 def release_finalizer(wl: Mapping[str, Any], why: str) -> Action:
     """The update that removes jaxps's finalizer from a Workload."""
-    return _without_finalizer(wl, why)
-
-
-def _without_finalizer(wl: Mapping[str, Any], why: str) -> Action:
     body = copy.deepcopy(dict(wl))
     body["metadata"]["finalizers"] = [
         f for f in body["metadata"].get("finalizers") or [] if f != FINALIZER

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -185,7 +185,7 @@ def reconcile(
     children = cluster.children(job)
     network = cluster.network(job)
     finished = (job["status"].get("state") or "") in TERMINAL
-    queue = _queue(job, workloads, image=image, finished=finished)
+    queue = _queue(job, workloads, image=image, finished=finished, pods=children.pods)
     if queue is None and workloads is not None and _was_queued(job):
         # the queue label was removed: the job runs without Kueue, its Workload goes
         for wl in workloads.orphans(namespace, name):  # deleted, then its finalizer goes
@@ -256,9 +256,15 @@ class _Queue:
 
 
 def _queue(
-    job: Mapping[str, Any], workloads: Workloads | None, *, image: str, finished: bool
+    job: Mapping[str, Any],
+    workloads: Workloads | None,
+    *,
+    image: str,
+    finished: bool,
+    pods: Sequence[PodState],
 ) -> _Queue | None:
-    """What Kueue says of a job in a queue, and the Workload it wants; None otherwise."""
+    """What Kueue says of a job in a queue, and the Workload it wants; None otherwise. The
+    flavors are read only while a pod is to be created (they place new pods, nothing else)."""
     if workloads is None or kueue.queue_name(job) is None:
         return None
     problem = ""
@@ -285,9 +291,11 @@ def _queue(
             str(ref.get("name", "")),
         )
     desired = kueue.workload(job, priority=priority, image=image)
+    present = {(p.role, p.index) for p in pods}
+    missing = any(task not in present for task in builders.tasks(job))
     flavors = (
         workloads.flavors(kueue.flavor_names(wl))
-        if wl is not None and kueue.condition(wl, "Admitted") and not finished
+        if wl is not None and missing and kueue.condition(wl, "Admitted") and not finished
         else {}
     )
     return _Queue(

@@ -69,18 +69,18 @@ class Image:
         return self.ref.rsplit(":", 1)[1]
 
 
+def _build(argv: list[str], *, what: str, timeout: float) -> str:
+    """Runs a build step of the tier; its standard output, or the test fails with its end."""
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
+    if done.returncode != 0:
+        pytest.fail(f"{what} exited {done.returncode}:\n{(done.stderr or done.stdout)[-4000:]}")
+    return done.stdout
+
+
 def build_image(name: str) -> Image:
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "hack" / "image.py"), "build", name, "--json"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=1800,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"hack/image.py build {name} exited {done.returncode}:\n{done.stderr[-4000:]}")
-    out = json.loads(done.stdout)
+    argv = [sys.executable, str(ROOT / "hack" / "image.py"), "build", name, "--json"]
+    out = json.loads(_build(argv, what=f"hack/image.py build {name}", timeout=1800))
     phase(
         f"image {out['ref']}: {'cached' if out['cached'] else 'built'} "
         f"in {time.monotonic() - started:.1f} s"
@@ -92,15 +92,8 @@ def build_kueue() -> None:
     """Kueue's manager and chart (hack/control-plane.sh kueue: once per machine, then cached),
     built before the node's lock like the images, so node.py's install only reuses them."""
     started = time.monotonic()
-    done = subprocess.run(
-        [str(ROOT / "hack" / "control-plane.sh"), "kueue"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=2400,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"hack/control-plane.sh kueue exited {done.returncode}:\n{done.stdout[-4000:]}")
+    command = [str(ROOT / "hack" / "control-plane.sh"), "kueue"]
+    _build(command, what="hack/control-plane.sh kueue", timeout=2400)
     phase(f"Kueue manager and chart: ready in {time.monotonic() - started:.1f} s")
 
 

@@ -22,7 +22,7 @@ import pytest
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps_runtime.train import checkpoint
 from jaxps_runtime.wire import rpc
-from tests.process import harness, waiting
+from tests.process import harness, test_signals, waiting
 
 pytestmark = pytest.mark.process
 Metric = Callable[[int, str], float | None]
@@ -30,16 +30,8 @@ TERM = 128 + signal.SIGTERM
 EXIT_SECONDS = 60.0  # from the signal to the chief's exit: generous, the bound is the runtime's
 PROMPT_SECONDS = 10.0  # test_signals' "promptly": a task typically exits a second after it
 COMMITTED = re.compile(r"preempted \(SIGTERM\): checkpoint of step (\d+) committed in ([\d.]+) s")
-TRAINING: dict[str, Any] = {
-    "model": {"name": "mlp"},
-    "mode": "sync",
-    "steps": 1_000_000,  # trains until a test stops it
-    "batchSize": 32,
-    "optimizer": {"name": "adam", "kwargs": {"learning_rate": 0.01}},
-    "heartbeatSeconds": 0.25,
-    "workerTimeoutSeconds": 60,  # a stopped worker is not dropped while a test runs
-    "logEverySeconds": 2,
-}
+# test_signals' job, without its periodic evaluations
+TRAINING: dict[str, Any] = {k: v for k, v in test_signals.TRAINING.items() if k != "evalEverySteps"}
 
 
 def _start(jobs: list[harness.LocalJob], log_dir: Path, **kwargs: Any) -> harness.LocalJob:

@@ -55,7 +55,7 @@ def apply(
     Kueue's or is admitted."""
     if admission is None:
         for key in ("Queued", "Admitted"):  # it was in a queue: its label was removed
-            if status.condition(key) is not None and status.true(key):
+            if status.true(key):
                 status.mark(key, False, "QueueLabelRemoved", "the job runs without Kueue")
         return False
     name = job["metadata"]["name"]
