@@ -1,7 +1,7 @@
 """The `jaxps` command: validate a TrainingJob, or run it on this machine.
 
 jaxps validate FILE...                 exit 0 if every manifest is valid, 2 otherwise
-jaxps local FILE [--workdir DIR] [--json] [--kill TASK@step=N ...]
+jaxps local FILE [--workdir DIR] [--json] [--kill TASK@step=N ...] [--scale worker=N@step=S ...]
                                        exit 0 Succeeded, 1 Failed, 2 invalid manifest
 jaxps operator [--namespace NS ...]    the Kubernetes operator (kopf), until SIGTERM
 """
@@ -150,13 +150,18 @@ def _table(
     for column in ("task", "state", "restarts", "log"):
         table.add_column(column)
     restarts = status.get("replicaStatuses") or {}
-    for role, index in builders.tasks(job):
+    tasks = builders.tasks(job)
+    # the workers that leave in a scale-down, until their process is gone
+    tasks += sorted(
+        (p.role, p.index) for p in runner.processes.values() if (p.role, p.index) not in tasks
+    )
+    for role, index in tasks:
         name = builders.pod_name(job, role, index)
         proc = runner.processes.get(name)
         if proc is None:
             state = "starting"
         elif proc.deleting_since is not None:
-            state = "stopping"
+            state = "stopping" if (role, index) in builders.tasks(job) else "leaving"
         elif proc.exit_code is None:
             state = "running"
         else:
@@ -178,8 +183,9 @@ def run_local(args: argparse.Namespace) -> int:
     tasks = [builders.pod_name(job, r, i) for r, i in builders.tasks(job)]
     try:
         kills = [local.Kill.parse(k, job=job) for k in args.kill]
-    except local.KillSpecError as err:
-        console.print(f"[red]{err}[/red]")
+        scales = [local.Scale.parse(s, job=job) for s in args.scale]
+    except (local.KillSpecError, local.ScaleSpecError) as err:
+        console.print(f"[red]{err}[/red]", highlight=False, markup=False)
         return EXIT_INVALID
     try:
         workdir = (
@@ -229,7 +235,7 @@ def run_local(args: argparse.Namespace) -> int:
     try:
         if live is not None:
             live.start()
-        status = local.run(job, workdir=Path(workdir), kills=kills, on_tick=tick)
+        status = local.run(job, workdir=Path(workdir), kills=kills, scales=scales, on_tick=tick)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every task stopped[/yellow]")
         return EXIT_INTERRUPTED
@@ -330,6 +336,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         metavar="TASK@step=N",
         help="SIGKILL a task when the chief reaches a step (shows recovery)",
+    )
+    here.add_argument(
+        "--scale",
+        action="append",
+        default=[],
+        metavar="worker=N@step=S",
+        help="set the worker replicas to N when the chief reaches step S (repeatable; workers "
+        "join, or the highest indexes drain and leave)",
     )
     here.set_defaults(run=run_local)
     ops = commands.add_parser(

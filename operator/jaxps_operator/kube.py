@@ -20,7 +20,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from jaxps_operator import builders, issuer, progress
+from jaxps_operator import builders, capacity, issuer, progress
 from jaxps_operator.conditions import Event, parse_time
 from jaxps_operator.objects import PodState
 from jaxps_operator.reconcile import Children, ConflictError
@@ -147,9 +147,7 @@ class KubeCluster:
         meta = job["metadata"]
         namespace = meta["namespace"]
         pods = self.reads.submit(self.list_pods, namespace, f"{builders.LABEL_JOB}={meta['name']}")
-        secret = self.reads.submit(
-            self._exists, self.core.read_namespaced_secret, namespace, builders.secret_name(job)
-        )
+        secret = self.reads.submit(self._secret_keys, namespace, builders.secret_name(job))
         policy = self.reads.submit(
             lambda: (
                 not self.network_policies
@@ -160,9 +158,24 @@ class KubeCluster:
         )
         service = self.service_exists(namespace, meta["name"])
         states = [s for p in pods.result() if (s := pod_state(p, meta.get("uid", ""))) is not None]
+        keys = secret.result()
         return Children(
-            pods=states, service=service, secret=secret.result(), network_policy=policy.result()
+            pods=states,
+            service=service,
+            secret=keys is not None,
+            network_policy=policy.result(),
+            issued_workers=capacity.issued_workers(keys, job) if keys is not None else None,
         )
+
+    def _secret_keys(self, namespace: str, name: str) -> list[str] | None:
+        """The keys of the job's Secret of credentials (what was issued), or None without."""
+        try:
+            found = _json(self.core.read_namespaced_secret(name, namespace, _preload_content=False))
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return sorted((found.get("data") or {}).keys())
 
     def credentials(self, job: Mapping[str, Any], network: builders.Network) -> dict[str, bytes]:
         return issuer.issue(job, network)

@@ -126,13 +126,17 @@ def _container(c: Mapping[str, Any], image: str) -> dict[str, Any]:
 
 
 def pod_sets(
-    job: Mapping[str, Any], *, image: str = builders.DEFAULT_IMAGE
+    job: Mapping[str, Any], *, image: str = builders.DEFAULT_IMAGE, workers: int | None = None
 ) -> list[dict[str, Any]]:
     """One pod set per role, in the order of `builders.ROLES`: the count of its replicas and a
     template with what Kueue charges (every container's requests) and matches flavors against
-    (node selector, tolerations, affinity); the rest of the pod is jaxps's business."""
+    (node selector, tolerations, affinity); the rest of the pod is jaxps's business. The
+    workers' count is `workers`, the most the job can scale to (`capacity.capacity`), so the
+    job is admitted for its largest size and a scale within it changes no pod set (a changed
+    pod set would stop the job and queue it again); None: its replicas."""
     out = []
-    for role, count in builders.replicas(job).items():
+    for role, replicas in builders.replicas(job).items():
+        count = workers if role == "worker" and workers is not None else replicas
         template = job["spec"]["replicaSpecs"][role].get("template") or {}
         spec = template.get("spec") or {}
         pod: dict[str, Any] = {
@@ -146,13 +150,18 @@ def pod_sets(
 
 
 def workload(
-    job: Mapping[str, Any], *, priority: Priority, image: str = builders.DEFAULT_IMAGE
+    job: Mapping[str, Any],
+    *,
+    priority: Priority,
+    image: str = builders.DEFAULT_IMAGE,
+    workers: int | None = None,
 ) -> dict[str, Any]:
-    """The Workload a job in a queue is admitted through (`jobframework.ConstructWorkload`)."""
+    """The Workload a job in a queue is admitted through (`jobframework.ConstructWorkload`);
+    `workers`: the pod set count of its workers (`pod_sets`)."""
     meta = job["metadata"]
     spec: dict[str, Any] = {
         "queueName": queue_name(job) or "",
-        "podSets": pod_sets(job, image=image),
+        "podSets": pod_sets(job, image=image, workers=workers),
         "active": not job["spec"]["runPolicy"]["suspend"],
     }
     if priority.kind:
@@ -496,7 +505,7 @@ def actions(
     if condition(wl, "Evicted") is not None and reserved and not active:
         out.append(Action("status", released(wl, now=now), "evicted, and its pods are gone"))
     elif reserved:
-        reclaim = _reclaimable(job, wl, pods)
+        reclaim = _reclaimable(job, wl, pods, desired=desired)
         if reclaim is not None:
             body = copy.deepcopy(dict(wl))
             body["status"]["reclaimablePods"] = reclaim
@@ -525,12 +534,18 @@ def _message(job: Mapping[str, Any]) -> str:
 
 
 def _reclaimable(
-    job: Mapping[str, Any], wl: Mapping[str, Any], pods: Sequence[PodState]
+    job: Mapping[str, Any],
+    wl: Mapping[str, Any],
+    pods: Sequence[PodState],
+    *,
+    desired: Mapping[str, Any],
 ) -> list[dict[str, Any]] | None:
     """The new `status.reclaimablePods`, or None when it stays: per reclaimable role, its pods
     that Succeeded, never fewer than already reported (Kueue refuses a decrease) nor more than
-    the pod set's count."""
-    counts = builders.replicas(job)
+    the pod set's count. A worker that left in a scale-down is not done for good (a scale-up
+    brings its index back), so only the pods of the workers the job runs now count."""
+    counts = {str(s["name"]): int(s["count"]) for s in desired["spec"]["podSets"]}
+    running = builders.replicas(job)
     before = {
         str(r["name"]): int(r["count"])
         for r in (wl.get("status") or {}).get("reclaimablePods") or []
@@ -539,7 +554,14 @@ def _reclaimable(
     for role in RECLAIMABLE:
         if role not in counts:
             continue
-        done = sum(1 for p in pods if p.role == role and p.phase == "Succeeded")
+        done = sum(
+            1
+            for p in pods
+            if p.role == role
+            and p.phase == "Succeeded"
+            and not p.deleting
+            and p.index < running.get(role, 0)
+        )
         now[role] = min(max(done, before.get(role, 0)), counts[role])
     now = {role: n for role, n in now.items() if n > 0}
     if now == {r: n for r, n in before.items() if n > 0}:

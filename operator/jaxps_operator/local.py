@@ -7,14 +7,17 @@ container (`processes.node_env`: JAX_PLATFORMS=cpu unless set, the runtime on PY
 JAXPS_TERMINATION_LOG: its termination-message file), started as `processes` starts every
 local task; the Service is the job's port table: every task gets 127.0.0.1 and two free ports
 (gRPC, metrics), all reserved at once so no two tasks share one; the Secret is the job's
-credentials, issued at start into `tls/<pod>` of the work directory (each task's directory
+credentials, issued at start into `tls/<pod>` of the work directory, for every worker the job
+may ever have (`capacity`: maxReplicas, else its replicas) (each task's directory
 holds its own key and the CA only; keys readable by their owner); a deleted pod is a process
 sent SIGTERM (SIGKILL after a grace period); a process that exits is a pod Succeeded (0) or
 Failed (its exit code; death by signal N is 128 + N, as Kubernetes reports it) and Ready once
 its readiness probe (an HTTP GET on its metrics port) first answers 200. One log per task in
 the work directory, next to the stored job (`job.json`, status included) and its Events
-(`events.jsonl`), which `jaxps.sdk` reads. Nothing is left running when `run` returns, Ctrl-C
-and SIGTERM included.
+(`events.jsonl`), which `jaxps.sdk` reads. The workers scale as `kubectl scale` scales them:
+`--scale worker=N@step=S`, or `jaxps.sdk`'s scale, whose request file (`requests/`) each tick
+answers; a removed worker is a process sent SIGTERM, as a deleted pod. Nothing is left running
+when `run` returns, Ctrl-C and SIGTERM included.
 
 Not thread-safe: one loop drives it.
 """
@@ -39,7 +42,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from jaxps_operator import builders, conditions, issuer, kueue, processes, progress, reconcile
+from jaxps_operator import (
+    builders,
+    capacity,
+    conditions,
+    issuer,
+    kueue,
+    processes,
+    progress,
+    reconcile,
+    schema,
+)
 from jaxps_operator.conditions import TERMINAL, Event
 from jaxps_operator.objects import PodState
 from jaxps_operator.reconcile import Children
@@ -51,10 +64,20 @@ JOB_FILE = "job.json"  # the stored job (metadata, spec, status), rewritten on e
 EVENTS_FILE = "events.jsonl"  # one Event per line, with its time
 TICK_SECONDS = 0.25
 KILL = re.compile(r"^(?P<task>(chief|ps|worker|evaluator)-\d+)@step=(?P<step>\d+)$")
+SCALE = re.compile(r"^worker=(?P<workers>\d+)@step=(?P<step>\d+)$")
+# `jaxps.sdk`'s scale of a running local job: a request file in the work directory, which the
+# runner takes on its next tick and answers with a file of the same name + ANSWER
+REQUESTS_DIR = "requests"
+ANSWER = ".answer"
 
 
 class KillSpecError(ValueError):
     """A --kill argument is not TASK@step=N for a task of the job and a step it reaches."""
+
+
+class ScaleSpecError(ValueError):
+    """A --scale argument is not worker=N@step=S with N workers the job may have and a step
+    it reaches."""
 
 
 class WorkdirError(ValueError):
@@ -74,7 +97,8 @@ class Kill:
         if not match:
             raise KillSpecError(f"--kill {text!r}: expected TASK@step=N, such as ps-0@step=200")
         role, _, index = match["task"].rpartition("-")
-        tasks = [f"{r}-{i}" for r, i in builders.tasks(job)]
+        # a worker that joins in a scale-up may be killed too
+        tasks = [f"{r}-{i}" for r, i in builders.tasks(capacity.at_capacity(job))]
         if match["task"] not in tasks:
             raise KillSpecError(
                 f"--kill {text!r}: the job has no task {match['task']}; its tasks "
@@ -87,6 +111,36 @@ class Kill:
                 f"(spec.training.steps); expected a step in 0..{last}"
             )
         return cls(builders.pod_name(job, role, int(index)), step)
+
+
+@dataclass(frozen=True)
+class Scale:
+    workers: int
+    step: int
+
+    @classmethod
+    def parse(cls, text: str, *, job: Mapping[str, Any]) -> Scale:
+        """`worker=4@step=100`: the job's worker replicas become 4 when the chief reaches step
+        100. Refused before the job starts: another form, a count the job may not have
+        (minReplicas..maxReplicas, or the replicas at creation without maxReplicas), a step
+        past the job's last."""
+        match = SCALE.match(text)
+        if not match:
+            raise ScaleSpecError(
+                f"--scale {text!r}: expected worker=N@step=S, such as worker=4@step=100 "
+                "(only workers scale)"
+            )
+        workers, step = int(match["workers"]), int(match["step"])
+        why = capacity.refusal(job, workers, issued_workers=None)
+        if why is not None:
+            raise ScaleSpecError(f"--scale {text!r}: {why}")
+        last = int(job["spec"]["training"]["steps"])
+        if step > last:
+            raise ScaleSpecError(
+                f"--scale {text!r}: step {step} is past the job's last step {last} "
+                f"(spec.training.steps); expected a step in 0..{last}"
+            )
+        return cls(workers, step)
 
 
 def default_workdir(name: str, *, root: Path, now: float | None = None) -> Path:
@@ -247,10 +301,15 @@ class LocalCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         # the pods' processes, and a ps loaded ahead which a replaced ps becomes
         self.launched = processes.Processes(standby_log=self.workdir / "standby.log")
-        names = [builders.pod_name(self.job, r, i) for r, i in builders.tasks(self.job)]
+        # every worker the job may ever have gets its ports and its certificate now: the CA's
+        # key is dropped once they are issued
+        full = capacity.at_capacity(self.job)
+        names = [builders.pod_name(full, r, i) for r, i in builders.tasks(full)]
         ports = cluster.free_ports(2 * len(names))
         self.ports = {n: (ports[2 * k], ports[2 * k + 1]) for k, n in enumerate(names)}
-        self._write_credentials(self.credentials(self.job, self.network(self.job)))
+        files = self.credentials(full, self.network(full))
+        self.issued_workers = capacity.issued_workers(files, self.job)
+        self._write_credentials(files)
         self.save()
 
     # --- the port -----------------------------------------------------------------------------
@@ -282,7 +341,10 @@ class LocalCluster:
                     metrics=f"127.0.0.1:{self.ports[name][1]}" if code is None else None,
                 )
             )
-        return Children(pods=pods, service=self.service is not None)  # credentials: made at start
+        # credentials: made at start
+        return Children(
+            pods=pods, service=self.service is not None, issued_workers=self.issued_workers
+        )
 
     def network(self, job: Mapping[str, Any]) -> builders.Network:
         return builders.Network(
@@ -406,6 +468,63 @@ class LocalCluster:
             return None
         return f"http://127.0.0.1:{port}{get.get('path', '/')}"
 
+    def scale(self, workers: int) -> str | None:
+        """Sets the job's worker replicas, as `kubectl scale` does: checked as the apiserver
+        checks an update (the CRD's rules, the ps count included) and against the workers
+        issued at start; the next pass adds or removes the processes. Returns why it is
+        refused (also an Event), or None."""
+        before = int(self.job["spec"]["replicaSpecs"][capacity.WORKER]["replicas"])
+        why = capacity.refusal(self.job, workers, issued_workers=self.issued_workers)
+        if why is None:
+            changed = copy.deepcopy(self.job)
+            changed["spec"]["replicaSpecs"][capacity.WORKER]["replicas"] = workers
+            try:
+                schema.validate({k: v for k, v in changed.items() if k != "status"}, old=self.job)
+            except schema.InvalidManifestError as err:
+                why = "; ".join(str(p) for p in err.problems)
+        if why is not None:
+            self.post_event(self.job, Event("Warning", "ScaleRefused", why))
+            return why
+        if workers != before:
+            self.job["spec"]["replicaSpecs"][capacity.WORKER]["replicas"] = workers
+            meta = self.job["metadata"]
+            meta["generation"] = int(meta.get("generation", 1)) + 1
+            self.save()
+        return None
+
+    def scale_due(self, step: float, scales: list[Scale]) -> list[tuple[Scale, str | None]]:
+        """Carries out the --scale requests whose step is reached (each once), in order:
+        each with why it was refused, or None."""
+        done = []
+        for request in sorted(scales, key=lambda r: r.step):
+            if step >= request.step:
+                scales.remove(request)
+                done.append((request, self.scale(request.workers)))
+        return done
+
+    def answer_requests(self) -> None:
+        """Takes `jaxps.sdk`'s scale requests (`requests/<id>.json`: {"workers": N}) and
+        answers each (`requests/<id>.json.answer`: {"refused": why or null})."""
+        folder = self.workdir / REQUESTS_DIR
+        if not folder.is_dir():
+            return
+        for request in sorted(folder.glob("*.json")):
+            answer = request.with_name(request.name + ANSWER)
+            if answer.exists():
+                continue
+            try:
+                workers = json.loads(request.read_text())["workers"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # still being written: the writer renames it into place
+            why = (
+                self.scale(workers)
+                if isinstance(workers, int) and not isinstance(workers, bool)
+                else f"{capacity.REPLICAS} {workers!r} is not an integer"
+            )
+            partial = answer.with_name(f".{answer.name}.partial")
+            partial.write_text(json.dumps({"refused": why}))
+            partial.replace(answer)
+
     def kill_due(self, step: float, kills: list[Kill]) -> list[str]:
         """SIGKILLs the tasks whose --kill step is reached (each once); their names."""
         done = []
@@ -444,6 +563,7 @@ def run(
     *,
     workdir: Path,
     kills: list[Kill],
+    scales: list[Scale] | None = None,
     on_tick: Callable[[dict[str, Any], LocalCluster], None] | None = None,
 ) -> dict[str, Any]:
     """Runs the job (validated, defaults applied) to the end; returns its final status. Stops
@@ -462,8 +582,22 @@ def run(
         )
     validator = reconcile.Validator()
     kills = list(kills)
+    scales = list(scales or [])
     try:
         while True:
+            # a scale is carried out by the pass that follows it: processes join or leave
+            reached = (local.job["status"].get("progress") or {}).get("step", 0)
+            for request, why in local.scale_due(reached, scales):
+                if why is None:
+                    local.post_event(
+                        local.job,
+                        Event(
+                            "Normal",
+                            "ScaledOnRequest",
+                            f"--scale: worker replicas {request.workers} at step {reached}",
+                        ),
+                    )
+            local.answer_requests()
             outcome = reconcile.reconcile(
                 local, meta["namespace"], meta["name"], now=datetime.now(UTC), validator=validator
             )

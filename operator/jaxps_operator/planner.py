@@ -10,6 +10,8 @@ the whole desired status (`status.progress` included) and the actions that conve
 running it twice on the same input gives the same Plan. One pass, in order:
 
 0. the progress (`progress.update`): the chief's metrics, or its final summary once it ended;
+   the workers (`policy.scale`): those past the worker count leave (deleted, never replaced nor
+   counted as failed), `status.workers`, an Event for each change of the count;
 1. suspend (`policy.suspend`): a suspended job's pods are deleted (ps last), none created;
 2. the training configuration: a `spec.training` the runtime would refuse fails the job
    before any pod starts (InvalidTraining), and so does a template that sets a jaxps variable
@@ -36,11 +38,20 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from jaxps_operator import builders, kueue, progress, schema
+from jaxps_operator import builders, capacity, kueue, progress, schema
 from jaxps_operator.conditions import Event, Status, stamp
 from jaxps_operator.objects import Plan, PodState
 from jaxps_operator.policy import admission as admission_policy
-from jaxps_operator.policy import cleanup, deadline, restart, schedule, stall, success, suspend
+from jaxps_operator.policy import (
+    cleanup,
+    deadline,
+    restart,
+    scale,
+    schedule,
+    stall,
+    success,
+    suspend,
+)
 
 __all__ = ["Event", "Plan", "PodState", "plan"]
 
@@ -84,13 +95,23 @@ def plan(
     network_policy: bool = False,
     metrics: Mapping[str, float] | None = None,
     admission: kueue.Admission | None = None,
+    issued_workers: int | None = None,
 ) -> Plan:
     """The Plan for `job` (validated, defaults applied) given its pods at `now` (aware UTC).
     `credentials`: the files of the job's Secret when it has none yet (it is created then);
     `network_policy`: the job's NetworkPolicy is to be created; `metrics`: the jaxps_*
     metrics the chief served this pass ({} when it runs not or did not answer); `admission`:
-    what Kueue says of a job in a queue (None: the job is not Kueue's)."""
+    what Kueue says of a job in a queue (None: the job is not Kueue's); `issued_workers`: the
+    workers its credentials hold certificates for (None: none issued yet).
+
+    The job runs with its worker replicas cut to what it may have (`capacity.within`); the
+    workers past them are leaving (`policy.scale`): deleted, and seen by no other policy."""
     out = Plan()
+    asked = job
+    job = capacity.within(asked, issued_workers=issued_workers)
+    everyone = observed
+    gone = {p.name for p in scale.leaving(job, observed)}
+    observed = [p for p in observed if p.name not in gone]
     generation = int(job["metadata"].get("generation", 1))
     status = Status(copy.deepcopy(dict(job.get("status") or {})), now=now, generation=generation)
     body = status.body
@@ -109,6 +130,14 @@ def plan(
     if not body.get("conditions"):
         status.mark("Created", True, "JobCreated", f"TrainingJob {name} created: {total} pods")
         status.event("Normal", "JobCreated", f"created TrainingJob {name}")
+    scale.apply(
+        asked,
+        running=job,
+        pods=everyone,
+        status=status,
+        plan=out,
+        issued_workers=issued_workers,
+    )
 
     if not status.finished:
         _run(
@@ -126,7 +155,8 @@ def plan(
         )
     if status.finished:
         deadline.after_finish(job, status=status, plan=out)
-        cleanup.apply(job, pods=observed, status=status, plan=out)
+        cleanup.apply(job, pods=everyone, status=status, plan=out)
+    out.delete = list(dict.fromkeys(out.delete))  # a pod two policies delete goes once
     body["state"] = status.state()
     out.status = body
     out.events = status.events

@@ -9,7 +9,8 @@ backend gives as JAXPS_TERMINATION_LOG). Once the chief has ended, its final JSO
 the progress final: the last step and the evaluation, which metrics read mid-run can miss.
 Pure but for `read_metrics`/`of_task`: the planner computes `status.progress` with `update`.
 Status is strict JSON: a non-finite loss is null with a `note`; `lastCheckpointStep` appears
-only once there is a checkpoint; `stepTime` is when the step last moved (the Stalled clock).
+only once there is a checkpoint; `stepTime` is when the step last moved (the Stalled clock);
+`data` is the chief's shard queue (`DATA`: epoch, shards, done, leased, leases reclaimed).
 """
 
 from __future__ import annotations
@@ -26,6 +27,15 @@ from jaxps_operator.conditions import stamp
 from jaxps_operator.objects import PodState
 
 TIMEOUT_SECONDS = 1.0
+# The chief's shard queue (`status.progress.data`): metric -> key. Each is there only while the
+# chief serves it (0 shards: a dataset of no known size).
+DATA = {
+    "jaxps_data_epoch": "epoch",
+    "jaxps_data_shards": "shards",
+    "jaxps_data_shards_done": "shardsDone",
+    "jaxps_data_shards_leased": "shardsLeased",
+    "jaxps_data_leases_reclaimed_total": "leasesReclaimed",
+}
 
 
 def read_metrics(address: str) -> dict[str, float]:
@@ -128,6 +138,9 @@ def merge(
         progress["eval"] = {k: v for k, v in evals.items() if _finite(v)}
         if not progress["eval"]:
             del progress["eval"]
+    data = {key: int(metrics[name]) for name, key in DATA.items() if _finite(metrics.get(name))}
+    if data:
+        progress["data"] = data
     held = "jaxps_training" in metrics and not training(metrics)
     _moved(progress, previous, now=now, held=held)
     return progress

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from jaxps_operator import builders, kueue, planner, schema
+from jaxps_operator import builders, capacity, kueue, planner, schema
 from jaxps_operator.conditions import TERMINAL, Event
 from jaxps_operator.objects import PodState
 
@@ -34,12 +34,14 @@ log = logging.getLogger("jaxps.operator")
 @dataclass(frozen=True)
 class Children:
     """A job's children as observed: its pods, and whether its Service, the Secret of its
-    credentials and its NetworkPolicy exist."""
+    credentials and its NetworkPolicy exist; `issued_workers`: the workers the credentials
+    hold certificates for (`capacity.issued_workers`; None while there are none)."""
 
     pods: list[PodState]
     service: bool
     secret: bool = True
     network_policy: bool = True
+    issued_workers: int | None = None
 
 
 class ConflictError(Exception):
@@ -76,10 +78,12 @@ class Cluster(Protocol):
         """Its pods (a pod of another job with the same name counts as leaving) and Service."""
 
     def network(self, job: Mapping[str, Any]) -> builders.Network:
-        """Where the job's tasks are: what its pods' TF_CONFIG names."""
+        """Where the job's tasks are: what its pods' TF_CONFIG names (the tasks of `job` as
+        given: with every worker it is issued for, when the credentials are issued)."""
 
     def credentials(self, job: Mapping[str, Any], network: builders.Network) -> dict[str, bytes]:
-        """Fresh credentials for a job that has none: the files of its Secret."""
+        """Fresh credentials for a job that has none: the files of its Secret, for every task
+        of `job` (given with every worker it may ever have: `capacity.at_capacity`)."""
 
     def create(self, job: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
         """Creates a Pod or the Service; False when it already exists."""
@@ -183,9 +187,13 @@ def reconcile(
             cluster.post_event(raw, Event("Warning", "InvalidSpec", str(err)))
         return Outcome(state=(raw.get("status") or {}).get("state", "Created"))
     children = cluster.children(job)
-    network = cluster.network(job)
+    issued = children.issued_workers
+    # the workers the job runs now, within what it was issued: new pods' TF_CONFIG lists them
+    network = cluster.network(capacity.within(job, issued_workers=issued))
     finished = (job["status"].get("state") or "") in TERMINAL
-    queue = _queue(job, workloads, image=image, finished=finished, pods=children.pods)
+    queue = _queue(
+        job, workloads, image=image, finished=finished, pods=children.pods, issued=issued
+    )
     if queue is None and workloads is not None and _was_queued(job):
         # the queue label was removed: the job runs without Kueue, its Workload goes
         for wl in workloads.orphans(namespace, name):  # deleted, then its finalizer goes
@@ -195,6 +203,10 @@ def reconcile(
                 workloads.apply(kueue.Action("delete", wl, "the job left its queue"))
     chief = planner.chief_pod(job, children.pods)
     running = chief is not None and chief.phase == "Running"
+    fresh = None
+    if not children.secret and not finished:  # one certificate per worker it may ever have
+        full = capacity.at_capacity(job)
+        fresh = cluster.credentials(full, cluster.network(full))
     plan = planner.plan(
         job,
         children.pods,
@@ -202,12 +214,13 @@ def reconcile(
         network=network,
         service_exists=children.service,
         image=image,
-        credentials=None if children.secret or finished else cluster.credentials(job, network),
+        credentials=fresh,
         network_policy=network_policy and not children.network_policy,
         metrics=cluster.task_progress(chief)
         if chief is not None and running and not finished
         else {},
         admission=queue.admission if queue is not None else None,
+        issued_workers=issued,
     )
     status = plan.status
     if status != job["status"]:
@@ -262,6 +275,7 @@ def _queue(
     image: str,
     finished: bool,
     pods: Sequence[PodState],
+    issued: int | None,
 ) -> _Queue | None:
     """What Kueue says of a job in a queue, and the Workload it wants; None otherwise. The
     flavors are read only while a pod is to be created (they place new pods, nothing else)."""
@@ -290,9 +304,15 @@ def _queue(
             str(ref.get("kind", "")),
             str(ref.get("name", "")),
         )
-    desired = kueue.workload(job, priority=priority, image=image)
+    desired = kueue.workload(
+        job,
+        priority=priority,
+        image=image,
+        workers=capacity.capacity(job, issued_workers=issued),
+    )
     present = {(p.role, p.index) for p in pods}
-    missing = any(task not in present for task in builders.tasks(job))
+    running = capacity.within(job, issued_workers=issued)
+    missing = any(task not in present for task in builders.tasks(running))
     flavors = (
         workloads.flavors(kueue.flavor_names(wl))
         if wl is not None and missing and kueue.condition(wl, "Admitted") and not finished

@@ -12,6 +12,7 @@ Pure functions; thread-safe.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -174,15 +175,33 @@ def _program(rule: str) -> Any:
     return env.program(env.compile(rule))
 
 
-def _rules(node: Any, schema: Mapping[str, Any], path: str, out: list[Problem]) -> None:
-    """Evaluates the CEL rules, children first; a node that failed its type is skipped."""
+_ABSENT = object()  # no old object at a path: a transition rule there is not checked
+
+
+def _evaluate(expression: str, activation: Mapping[str, Any]) -> Any:
+    to_cel = celpy.json_to_cel  # type: ignore[attr-defined]
+    return _program(expression).evaluate({k: to_cel(v) for k, v in activation.items()})
+
+
+def _rules(
+    node: Any, schema: Mapping[str, Any], path: str, out: list[Problem], *, old: Any = _ABSENT
+) -> None:
+    """Evaluates the CEL rules, children first; a node that failed its type is skipped. A
+    transition rule (one that reads `oldSelf`) is checked only on an update, where `old` holds
+    the stored value at this path, as the apiserver does; `messageExpression`, `fieldPath` and
+    `reason` (FieldValueForbidden) are honoured."""
     if isinstance(node, dict):
         for key, sub in schema.get("properties", {}).items():
             if key in node:
-                _rules(node[key], sub, f"{path}.{key}".lstrip("."), out)
+                before = old[key] if isinstance(old, dict) and key in old else _ABSENT
+                _rules(node[key], sub, f"{path}.{key}".lstrip("."), out, old=before)
     for rule in schema.get("x-kubernetes-validations", []):
+        transition = "oldSelf" in rule["rule"]
+        if transition and old is _ABSENT:
+            continue
+        activation = {"self": node, **({"oldSelf": old} if transition else {})}
         try:
-            ok = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(node)})  # type: ignore[attr-defined]
+            ok = _evaluate(rule["rule"], activation)
         except Exception as err:  # a rule that cannot be evaluated counts as failed
             ok = False
             message = (
@@ -190,12 +209,21 @@ def _rules(node: Any, schema: Mapping[str, Any], path: str, out: list[Problem]) 
             )
         else:
             message = rule.get("message", f"failed rule: {rule['rule']}")
+            if not ok and rule.get("messageExpression"):
+                with contextlib.suppress(Exception):  # the apiserver falls back to message
+                    message = str(_evaluate(rule["messageExpression"], activation))
         if not ok:
-            out.append(Problem(path, f"Invalid value: {_show(node)}: {message}"))
+            where = f"{path}{rule.get('fieldPath', '')}".lstrip(".")
+            if rule.get("reason") == "FieldValueForbidden":
+                out.append(Problem(where, f"Forbidden: {message}"))
+            else:
+                out.append(Problem(where, f"Invalid value: {_show(node)}: {message}"))
 
 
-def validate(manifest: Any) -> dict[str, Any]:
-    """The manifest with the CRD's defaults applied; `InvalidManifestError` lists every problem."""
+def validate(manifest: Any, *, old: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest with the CRD's defaults applied; `InvalidManifestError` lists every problem.
+    `old`: the stored job this manifest would replace (an update): the transition rules (a ps
+    count that changes) are checked against it, as the apiserver checks them."""
     if not isinstance(manifest, Mapping):
         raise InvalidManifestError(
             [Problem("", f"expected a {KIND} object, got {_show(manifest)}")]
@@ -229,7 +257,12 @@ def validate(manifest: Any) -> dict[str, Any]:
     job: dict[str, Any] = _default(copy.deepcopy(dict(manifest)), schema)
     _check(job, schema, "", problems)
     if not problems:  # CEL rules assume well-typed input, as the apiserver's do
-        _rules(job, schema, "", problems)
+        before = (
+            _default(copy.deepcopy({k: v for k, v in old.items() if k != "status"}), schema)
+            if old is not None
+            else _ABSENT
+        )
+        _rules(job, schema, "", problems, old=before)
     if problems:
         raise InvalidManifestError(problems)
     return job

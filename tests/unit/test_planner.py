@@ -701,6 +701,7 @@ def test_a_waiting_pod_says_why_in_pods_ready_and_one_warning_per_change(
 
 def test_a_pod_that_waits_past_the_schedule_timeout_fails_the_job_by_a_timer() -> None:
     j = job(run={"scheduleTimeoutSeconds": 300})
+    j["spec"]["replicaSpecs"]["worker"]["minReplicas"] = 2  # worker 1 is needed
     step(j, [])
     first = step(j, waiting(j), NOW + timedelta(seconds=100))
     assert first.requeue_after == pytest.approx(200)

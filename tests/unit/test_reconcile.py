@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from jaxps_operator import builders, issuer, reconcile, schema
+from jaxps_operator import builders, capacity, issuer, reconcile, schema
 from jaxps_operator.conditions import Event
 from jaxps_operator.objects import PodState
 from jaxps_operator.policy import cleanup
@@ -54,6 +54,11 @@ class Memory:
             service=self.service,
             secret=bool(self.secrets),
             network_policy=bool(self.policies),
+            issued_workers=capacity.issued_workers(
+                [k for s in self.secrets.values() for k in s["data"]], job
+            )
+            if self.secrets
+            else None,
         )
 
     def credentials(self, job: Mapping[str, Any], network: builders.Network) -> dict[str, bytes]:

@@ -6,7 +6,9 @@ ImagePullBackOff, CreateContainerConfigError) makes the job's PodsReady conditio
 that reason and a message naming the pod and the scheduler's (or kubelet's) words, and posts a
 Warning Event once per change of what it says. With `scheduleTimeoutSeconds` set, the job
 fails with that reason once a pod has waited that long since it was created; a timer asks for
-that pass, so it fires without another event.
+that pass, so it fires without another event. A worker the job can do without (not worker 0
+acting as chief, and at least `minReplicas` other workers run: `scale.spare`) never fails it:
+past the timeout the message says the job goes on without it, and it joins once it runs.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from jaxps_operator import capacity
 from jaxps_operator.conditions import Status
 from jaxps_operator.objects import Plan, PodState
+from jaxps_operator.policy import scale
 
 QUIET_SECONDS = 5.0
 """A pod younger than this that waits is not reported yet: its claim may be binding, its
@@ -53,7 +57,16 @@ def apply(job: Mapping[str, Any], *, pods: Iterable[PodState], status: Status, p
     said = f": {first.waiting_message}" if first.waiting_message else ""
     more = f" (and {len(waits) - 1} more pods wait)" if len(waits) > 1 else ""
     message = f"pod {first.name} ({first.task}) waits: {reason}{said}{more}"
-    before = status.condition("PodsReady") or {}
+    timeout = job["spec"]["runPolicy"].get("scheduleTimeoutSeconds")
+    pods = list(pods)
+    past = timeout and first.created is not None and _waited(first, now=status.now) >= timeout
+    if past and scale.spare(job, first, pods) is not None:  # a stable message: one Event
+        message += (
+            f"; past runPolicy.scheduleTimeoutSeconds ({timeout} s) the job goes on "
+            f"without it, with the workers that run (at least minReplicas "
+            f"{capacity.minimum(job)}), and takes it in once it runs"
+        )
+    before = dict(status.condition("PodsReady") or {})  # a copy: mark changes it in place
     status.mark("PodsReady", False, reason, message, add=True)
     if (before.get("status"), before.get("reason"), before.get("message")) != (
         "False",
@@ -61,17 +74,25 @@ def apply(job: Mapping[str, Any], *, pods: Iterable[PodState], status: Status, p
         message,
     ):
         status.event("Warning", reason, message)
-    timeout = job["spec"]["runPolicy"].get("scheduleTimeoutSeconds")
-    if not timeout or first.created is None:
+    if not timeout:
         return True
-    waited = (status.now - first.created).total_seconds()
-    if waited >= timeout:
-        status.finish(
-            succeeded=False,
-            reason=reason,
-            message=f"pod {first.name} ({first.task}) waited {waited:.0f} s, past "
-            f"runPolicy.scheduleTimeoutSeconds ({timeout} s): {reason}{said}",
-        )
-    else:
+    for pod in waits:  # a worker the job can do without holds it back from no deadline
+        if pod.created is None or scale.spare(job, pod, pods) is not None:
+            continue
+        waited = _waited(pod, now=status.now)
+        if waited >= timeout:
+            why = f"{pod.waiting_reason}: {pod.waiting_message}" if pod.waiting_message else ""
+            status.finish(
+                succeeded=False,
+                reason=pod.waiting_reason,
+                message=f"pod {pod.name} ({pod.task}) waited {waited:.0f} s, past "
+                f"runPolicy.scheduleTimeoutSeconds ({timeout} s): "
+                f"{why or pod.waiting_reason}",
+            )
+            return True
         plan.wake_in(timeout - waited)
     return True
+
+
+def _waited(pod: PodState, *, now: datetime) -> float:
+    return (now - pod.created).total_seconds() if pod.created is not None else 0.0
