@@ -7,6 +7,7 @@ import builtins
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,13 @@ from jaxps.sdk import (
     JobFailedError,
     JobNotFoundError,
     LogLine,
+    ScaleRefusedError,
     WaitTimeoutError,
+    Workers,
     kubectl,
     load,
 )
+from jaxps.sdk.local import LocalBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 MNIST = ROOT / "examples" / "mnist.yaml"
@@ -52,6 +56,7 @@ class Memory:
         self.states = states
         self.reads = 0
         self.timeouts: list[float | None] = []  # each get's, as wait gave it
+        self.scaled: list[int] = []
 
     def get(self, name: str, *, timeout: float | None = None) -> Job:
         self.timeouts.append(timeout)
@@ -69,6 +74,9 @@ class Memory:
 
     def delete(self, name: str, *, wait: bool) -> None:
         pass
+
+    def scale(self, name: str, workers: int) -> None:
+        self.scaled.append(workers)
 
     def events(self, name: str) -> builtins.list[Event]:
         return []
@@ -178,7 +186,7 @@ def test_wait_for_a_condition_a_job_never_has_is_refused_before_any_read(conditi
         Client(backend).wait("mnist", condition)
     assert str(caught.value).endswith(
         "expected one of Created, PodsReady, Running, Restarting, Succeeded, Failed, Suspended, "
-        "Queued, Admitted, Preempted"
+        "Queued, Admitted, Preempted, ScalingLimited"
     )
     assert backend.reads == 0
 
@@ -235,3 +243,96 @@ def test_the_sdk_imports_no_jax_numpy_or_grpc() -> None:
         env={**os.environ, "PYTHONPATH": path},
     )
     assert done.stdout.strip() == "[]"
+
+
+# --- scale ----------------------------------------------------------------------------------
+
+
+def running(**worker: Any) -> dict[str, Any]:
+    job = stored("Running", workers={"desired": 2, "active": 2, "leaving": 0, "max": 2})
+    job["spec"]["replicaSpecs"]["worker"].update(worker)
+    return job
+
+
+def test_scale_within_bounds_goes_to_the_backend_and_returns_the_job() -> None:
+    backend = Memory([running(maxReplicas=4) | {"status": {"state": "Running"}}])
+    job = Client(backend).scale("mnist", 4)
+    assert backend.scaled == [4]
+    assert job.name == "mnist"
+
+
+@pytest.mark.parametrize(
+    ("state", "workers", "words"),
+    [
+        (running(), 3, "above the 2 workers whose certificates were issued"),
+        (running(maxReplicas=4), 5, "above spec.replicaSpecs.worker.maxReplicas 4"),
+        (running(minReplicas=2, maxReplicas=4), 1, "below spec.replicaSpecs.worker.minReplicas 2"),
+        (stored("Succeeded"), 1, "the job is Succeeded: nothing runs to scale"),
+        (running(), True, "is not an integer"),
+    ],
+    ids=["above-issued", "above-max", "below-min", "finished", "not-an-integer"],
+)
+def test_a_refused_scale_raises_naming_the_field_and_never_reaches_the_backend(
+    state: dict[str, Any], workers: int, words: str
+) -> None:
+    backend = Memory([state])
+    with pytest.raises(ScaleRefusedError) as caught:
+        Client(backend).scale("mnist", workers)
+    assert words in str(caught.value)
+    assert "TrainingJob mnist: scale to" in str(caught.value)
+    assert backend.scaled == []
+
+
+def test_status_workers_and_progress_data_read_as_typed_fields() -> None:
+    job = Job.of(
+        stored(
+            "Running",
+            workers={"desired": 3, "active": 2, "leaving": 1, "max": 4, "selector": "a=b"},
+            progress={"step": 5, "data": {"epoch": 1, "shardsDone": 3}},
+        )
+    )
+    assert job.workers == Workers(desired=3, active=2, leaving=1, max=4)
+    assert job.progress.data == {"epoch": 1, "shardsDone": 3}
+
+
+RUNNER = """
+import sys, time
+from pathlib import Path
+from jaxps_operator import local, schema  # the stand-in runner: jaxps_operator in its cmdline
+workdir = Path(sys.argv[1])
+job = schema.load((workdir / "manifest.yaml").read_text())
+here = local.LocalCluster(job=local.local_job(job, workdir), workdir=workdir)
+while not (workdir / "stop").exists():
+    here.answer_requests()
+    time.sleep(0.05)
+"""
+
+
+def test_the_local_backend_scales_through_the_runner_and_says_why_it_refuses(
+    tmp_path: Path,
+) -> None:
+    job = running(maxReplicas=3)
+    job["status"] = {}
+    workdir = tmp_path / "mnist"
+    workdir.mkdir()
+    (workdir / "manifest.yaml").write_text(
+        yaml.safe_dump({k: v for k, v in job.items() if k != "status"})
+    )
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'runtime'}:{ROOT / 'operator'}"}
+    runner = subprocess.Popen([sys.executable, "-c", RUNNER, str(workdir)], env=env)
+    try:
+        (workdir / "runner.pid").write_text(str(runner.pid))
+        backend = LocalBackend(root=tmp_path)
+        deadline = time.monotonic() + 60
+        while not (workdir / "job.json").exists():
+            assert runner.poll() is None, "the stand-in runner exited"
+            assert time.monotonic() < deadline, "the stand-in runner wrote no job.json"
+            time.sleep(0.05)
+        Client(backend).scale("mnist", 3)
+        assert backend.get("mnist").raw["spec"]["replicaSpecs"]["worker"]["replicas"] == 3
+        # past what the client checks (no status yet), the runner refuses: said as the error
+        with pytest.raises(ScaleRefusedError, match="maxReplicas 3"):
+            backend.scale("mnist", 4)
+    finally:
+        (workdir / "stop").write_text("")
+        runner.wait(timeout=30)

@@ -6,6 +6,7 @@
     job = client.create("examples/mnist.yaml")
     job = client.wait(job.name, timeout=600)
     print(job.state, job.progress.step, job.progress.eval)
+    client.scale(job.name, workers=4)       # workers join or drain; ScaleRefusedError says why not
 
 No JAX, numpy or gRPC is imported.
 """
@@ -23,8 +24,10 @@ from jaxps.sdk.model import (
     LogLine,
     Progress,
     Replicas,
+    ScaleRefusedError,
     ServerUnreachableError,
     WaitTimeoutError,
+    Workers,
 )
 
 __all__ = [
@@ -42,7 +45,9 @@ __all__ = [
     "LogLine",
     "Progress",
     "Replicas",
+    "ScaleRefusedError",
     "ServerUnreachableError",
     "WaitTimeoutError",
+    "Workers",
     "load",
 ]

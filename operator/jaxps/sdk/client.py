@@ -27,9 +27,10 @@ from jaxps.sdk.model import (
     JobFailedError,
     LogLine,
     Progress,
+    ScaleRefusedError,
     WaitTimeoutError,
 )
-from jaxps_operator import schema
+from jaxps_operator import capacity, schema
 
 Manifest = str | Path | Mapping[str, Any]
 TERMINAL = ("Succeeded", "Failed")
@@ -45,6 +46,7 @@ CONDITIONS = (
     "Queued",  # under Kueue: waiting for admission
     "Admitted",
     "Preempted",
+    "ScalingLimited",  # a scale asked for more workers than the job was issued
 )
 REQUEST_SECONDS = 30.0  # the Kubernetes backend's default timeout of one API request
 
@@ -61,6 +63,7 @@ class Backend(Protocol):
     def get(self, name: str, *, timeout: float | None = None) -> Job: ...
     def list(self) -> builtins.list[Job]: ...
     def delete(self, name: str, *, wait: bool) -> None: ...
+    def scale(self, name: str, workers: int) -> None: ...
     def events(self, name: str) -> builtins.list[Event]: ...
     def logs(self, name: str, *, task: str | None, follow: bool) -> Iterator[LogLine]: ...
 
@@ -134,6 +137,27 @@ class Client:
         """Lines of one task's log (`task`: `worker-1` or the pod name), or of every task;
         `follow=True` goes on as they are written, until the tasks are done."""
         return self.backend.logs(name, task=task, follow=follow)
+
+    def scale(self, name: str, workers: int) -> Job:
+        """Sets the job's worker replicas, as `kubectl scale tj/NAME --replicas=N` does: new
+        workers join the training, removed ones (the highest indexes first, never worker 0)
+        finish their batch, give their data back and leave. Only workers scale. Raises
+        `ScaleRefusedError` naming the field, the value and what is allowed (below
+        minReplicas, above maxReplicas or the workers issued at creation, a finished job);
+        returns the job as it is once the change is stored."""
+        job = self.backend.get(name)
+        why: str | None
+        if isinstance(workers, bool) or not isinstance(workers, int):
+            why = f"{capacity.REPLICAS} {workers!r} is not an integer"
+        elif job.finished:
+            why = f"the job is {job.state}: nothing runs to scale"
+        else:
+            issued = job.workers.max or None  # known once the operator wrote status.workers
+            why = capacity.refusal(job.raw, workers, issued_workers=issued)
+        if why is not None:
+            raise ScaleRefusedError(name, workers, why)
+        self.backend.scale(name, workers)
+        return self.backend.get(name)
 
     def delete(self, name: str, *, wait: bool = True) -> None:
         """Deletes the job and everything it owns (its pods or processes stop); with `wait`,

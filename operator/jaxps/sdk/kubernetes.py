@@ -35,6 +35,7 @@ from jaxps.sdk.model import (
     JobExistsError,
     JobNotFoundError,
     LogLine,
+    ScaleRefusedError,
     ServerUnreachableError,
     task_pods,
 )
@@ -166,6 +167,27 @@ class KubernetesBackend:
                     return
             time.sleep(0.5)
         raise JaxpsError(f"TrainingJob {name}: still there {GONE_SECONDS:g} s after delete")
+
+    def scale(self, name: str, workers: int) -> None:
+        """Through the job's scale subresource, as `kubectl scale` and a HorizontalPodAutoscaler
+        change it; the API server's refusal (the CRD's rules) is a `ScaleRefusedError`."""
+        try:
+            self._call(
+                self.custom.patch_namespaced_custom_object_scale,
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                name,
+                {"spec": {"replicas": workers}},
+                _preload_content=False,
+            )
+        except ApiException as err:
+            if err.status == 404:
+                raise JobNotFoundError(name, self.where) from None
+            if err.status in (400, 422):
+                raise ScaleRefusedError(name, workers, _reason(err)) from None
+            raise JaxpsError(f"TrainingJob {name}: {_reason(err)}") from None
 
     def events(self, name: str) -> builtins.list[Event]:
         found = self._call(

@@ -5,8 +5,8 @@ jaxps_operator local` on it in its own session (so a notebook's Ctrl-C does not 
 with its output in `root/<name>/jaxps-local.log` and its pid in `runner.pid`. That process runs
 the same reconcile pass as `jaxps local` in a terminal and keeps the stored job, status
 included, in `job.json` and its Events in `events.jsonl`: `get`, `events` and `logs` only read
-files. `delete` sends it SIGTERM (it stops every task, SIGKILL after a grace period) and removes
-the directory. A runner that died without finishing the job (SIGKILL, a reboot) reads as Failed
+files; `scale` writes a request file the runner answers on its next tick. `delete` sends it
+SIGTERM (it stops every task, SIGKILL after a grace period) and removes the directory. A runner that died without finishing the job (SIGKILL, a reboot) reads as Failed
 with reason `LocalRunnerExited`.
 """
 
@@ -33,13 +33,15 @@ from jaxps.sdk.model import (
     JobExistsError,
     JobNotFoundError,
     LogLine,
+    ScaleRefusedError,
     parse_time,
     task_pods,
 )
-from jaxps_operator.local import EVENTS_FILE, GRACE_SECONDS, JOB_FILE
+from jaxps_operator.local import ANSWER, EVENTS_FILE, GRACE_SECONDS, JOB_FILE, REQUESTS_DIR
 
 MANIFEST, RUNNER_LOG, PID_FILE = "manifest.yaml", "jaxps-local.log", "runner.pid"
 START_SECONDS = 60.0  # for the runner to write job.json (it imports the operator, not JAX)
+ANSWER_SECONDS = 30.0  # for the runner to answer a scale request (it does on each tick)
 POLL_SECONDS = 0.2
 
 
@@ -124,6 +126,31 @@ class LocalBackend:
             if self._alive(workdir):  # the runner is stuck: its whole session goes
                 os.killpg(pid, signal.SIGKILL)
         shutil.rmtree(workdir, ignore_errors=True)
+
+    def scale(self, name: str, workers: int) -> None:
+        """A request file the job's runner takes on its next tick (`jaxps_operator.local`):
+        it sets the worker replicas, checked as the operator checks them, and answers."""
+        workdir = self._workdir(name)
+        if not self._alive(workdir):
+            raise JaxpsError(f"TrainingJob {name}: its jaxps local process is gone")
+        folder = workdir / REQUESTS_DIR
+        folder.mkdir(exist_ok=True)
+        request = folder / f"{time.time_ns()}-{os.getpid()}.json"
+        partial = folder / f".{request.name}.partial"
+        partial.write_text(json.dumps({"workers": workers}))
+        partial.replace(request)  # whole, or not there: the runner never reads half of it
+        answer = request.with_name(request.name + ANSWER)
+        deadline = time.monotonic() + ANSWER_SECONDS
+        while not answer.exists():
+            if not self._alive(workdir) or time.monotonic() > deadline:
+                raise JaxpsError(
+                    f"TrainingJob {name}: jaxps local did not answer the scale to {workers} "
+                    f"workers; see {workdir / RUNNER_LOG}"
+                )
+            time.sleep(POLL_SECONDS)
+        refused = (_read_json(answer) or {}).get("refused")
+        if refused:
+            raise ScaleRefusedError(name, workers, str(refused))
 
     def events(self, name: str) -> builtins.list[Event]:
         workdir = self._workdir(name)

@@ -60,6 +60,16 @@ class ServerUnreachableError(JaxpsError, ConnectionError):
         super().__init__(f"cannot reach the Kubernetes API server at {server}: {cause}")
 
 
+class ScaleRefusedError(JaxpsError):
+    """A scale the job may not have: `why` names the field, the value and what is allowed."""
+
+    def __init__(self, name: str, workers: int, why: str) -> None:
+        self.name = name
+        self.workers = workers
+        self.why = why
+        super().__init__(f"TrainingJob {name}: scale to {workers} workers refused: {why}")
+
+
 class WaitTimeoutError(JaxpsError, TimeoutError):
     def __init__(self, job: Job, condition: str, timeout: float) -> None:
         self.job = job
@@ -96,6 +106,8 @@ class Progress:
     steps_per_second: float | None = None
     last_checkpoint_step: int | None = None
     eval: Mapping[str, float] = field(default_factory=dict)
+    # the chief's shard queue: epoch, shards, shardsDone, shardsLeased, leasesReclaimed
+    data: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, raw: Mapping[str, Any], *, steps: int) -> Progress:
@@ -111,6 +123,7 @@ class Progress:
             steps_per_second=number("stepsPerSecond"),
             last_checkpoint_step=int(checkpoint) if checkpoint is not None else None,
             eval={k: float(v) for k, v in (raw.get("eval") or {}).items()},
+            data={k: int(v) for k, v in (raw.get("data") or {}).items()},
         )
 
 
@@ -128,6 +141,21 @@ class Replicas:
 
 
 @dataclass(frozen=True)
+class Workers:
+    """`status.workers`: the workers the job runs now (`desired`), those running of them,
+    those leaving after a scale-down, and the most it can have."""
+
+    desired: int = 0
+    active: int = 0
+    leaving: int = 0
+    max: int = 0
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> Workers:
+        return cls(**{k: int(raw.get(k) or 0) for k in ("desired", "active", "leaving", "max")})
+
+
+@dataclass(frozen=True)
 class Job:
     name: str
     namespace: str
@@ -140,6 +168,7 @@ class Job:
     start_time: datetime | None
     completion_time: datetime | None
     raw: Mapping[str, Any]  # the stored object, as the backend read it
+    workers: Workers = field(default_factory=Workers)
 
     @property
     def finished(self) -> bool:
@@ -175,6 +204,7 @@ class Job:
             start_time=parse_time(status.get("startTime")),
             completion_time=parse_time(status.get("completionTime")),
             raw=raw,
+            workers=Workers.of(status.get("workers") or {}),
         )
 
 
