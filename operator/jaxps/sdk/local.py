@@ -6,8 +6,9 @@ with its output in `root/<name>/jaxps-local.log` and its pid in `runner.pid`. Th
 the same reconcile pass as `jaxps local` in a terminal and keeps the stored job, status
 included, in `job.json` and its Events in `events.jsonl`: `get`, `events` and `logs` only read
 files; `scale` writes a request file the runner answers on its next tick. `delete` sends it
-SIGTERM (it stops every task, SIGKILL after a grace period) and removes the directory. A runner that died without finishing the job (SIGKILL, a reboot) reads as Failed
-with reason `LocalRunnerExited`.
+SIGTERM (it stops every task, SIGKILL after a grace period) and removes the directory. A
+runner that died without finishing the job (SIGKILL, a reboot) reads as Failed with reason
+`LocalRunnerExited`.
 """
 
 from __future__ import annotations
