@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -87,8 +87,11 @@ def test_kubectl_scale_adds_workers_then_drains_the_highest_indexes(jobs: Jobs) 
         jobs.set_phase(pod, "Running")
     wait_for(lambda: workers(jobs, "elastic").get("summary") == "4/4", what="status.workers 4/4")
     # the scale subresource, as a HorizontalPodAutoscaler reads it
-    scale = jobs.cluster.custom.get_namespaced_custom_object_scale(
-        GROUP, VERSION, jobs.namespace, PLURAL, "elastic"
+    scale = cast(
+        dict[str, Any],
+        jobs.cluster.custom.get_namespaced_custom_object_scale(
+            GROUP, VERSION, jobs.namespace, PLURAL, "elastic"
+        ),
     )
     assert scale["spec"]["replicas"] == 4
     assert scale["status"]["replicas"] == 4
