@@ -18,6 +18,7 @@ import jax
 
 from jaxps_runtime.config import cluster
 from jaxps_runtime.config import training as config
+from jaxps_runtime.data.shards import ShardPlan
 from jaxps_runtime.model import builtin as models
 from jaxps_runtime.process import stopping, termination
 from jaxps_runtime.process.metrics import Metrics
@@ -123,15 +124,13 @@ def _start_problems(state: Task, *, where: str) -> list[str]:
 
 def _batch_problems(state: Task) -> list[str]:
     """The dataset's first batch, read and traced through the model's loss without computing
-    it: a dataset smaller than the number of workers, a missing batch key or a shape the model
+    it: a missing batch key or a shape the model
     does not take fails here, naming both, rather than at the first step (or never, on a
     worker that is not the first to trace)."""
-    workers = state.spec.cluster.num_tasks(cluster.WORKER)
     training = state.training
     try:
-        batch = state.dataset.train_batch(
-            worker=0, num_workers=workers, step=0, batch_size=training.batchSize
-        )
+        plan = ShardPlan.of(state.dataset, batch_size=training.batchSize, seed=training.seed)
+        batch = plan.read(state.dataset, epoch=0, batch=0)
     except models.ModelError as err:
         return [str(err)]
     shown = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in sorted(batch.items()))

@@ -2,7 +2,7 @@ from jaxps.v1 import tensor_pb2 as _tensor_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -53,3 +53,59 @@ class CoordinatorState(_message.Message):
     stop: bool
     live_workers: int
     def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., step: _Optional[int] = ..., stop: _Optional[bool] = ..., live_workers: _Optional[int] = ...) -> None: ...
+
+class LeaseRequest(_message.Message):
+    __slots__ = ("id", "task_incarnation", "done", "returned", "want", "leaving")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    RETURNED_FIELD_NUMBER: _ClassVar[int]
+    WANT_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
+    id: _tensor_pb2.Identity
+    task_incarnation: int
+    done: _containers.RepeatedScalarFieldContainer[int]
+    returned: _containers.RepeatedCompositeFieldContainer[ReturnedLease]
+    want: bool
+    leaving: bool
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., task_incarnation: _Optional[int] = ..., done: _Optional[_Iterable[int]] = ..., returned: _Optional[_Iterable[_Union[ReturnedLease, _Mapping]]] = ..., want: _Optional[bool] = ..., leaving: _Optional[bool] = ...) -> None: ...
+
+class ReturnedLease(_message.Message):
+    __slots__ = ("lease", "applied")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    lease: int
+    applied: int
+    def __init__(self, lease: _Optional[int] = ..., applied: _Optional[int] = ...) -> None: ...
+
+class ShardLease(_message.Message):
+    __slots__ = ("lease", "epoch", "shard", "first", "end", "start", "skip")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    SKIP_FIELD_NUMBER: _ClassVar[int]
+    lease: int
+    epoch: int
+    shard: int
+    first: int
+    end: int
+    start: int
+    skip: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, lease: _Optional[int] = ..., epoch: _Optional[int] = ..., shard: _Optional[int] = ..., first: _Optional[int] = ..., end: _Optional[int] = ..., start: _Optional[int] = ..., skip: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LeaseReply(_message.Message):
+    __slots__ = ("id", "lease", "waiting", "over", "epoch")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    OVER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    id: _tensor_pb2.Identity
+    lease: ShardLease
+    waiting: str
+    over: bool
+    epoch: int
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., lease: _Optional[_Union[ShardLease, _Mapping]] = ..., waiting: _Optional[str] = ..., over: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...

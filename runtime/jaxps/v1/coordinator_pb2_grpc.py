@@ -45,6 +45,11 @@ class CoordinatorStub:
                 request_serializer=jaxps_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=jaxps_dot_v1_dot_coordinator__pb2.CoordinatorState.FromString,
                 _registered_method=True)
+        self.Lease = channel.unary_unary(
+                '/jaxps.v1.Coordinator/Lease',
+                request_serializer=jaxps_dot_v1_dot_coordinator__pb2.LeaseRequest.SerializeToString,
+                response_deserializer=jaxps_dot_v1_dot_coordinator__pb2.LeaseReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -65,6 +70,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Lease(self, request, context):
+        """The job's one shard queue: leases a shard of the data, takes reports of shards done and
+        leases given back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +90,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=jaxps_dot_v1_dot_coordinator__pb2.HeartbeatRequest.FromString,
                     response_serializer=jaxps_dot_v1_dot_coordinator__pb2.CoordinatorState.SerializeToString,
+            ),
+            'Lease': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lease,
+                    request_deserializer=jaxps_dot_v1_dot_coordinator__pb2.LeaseRequest.FromString,
+                    response_serializer=jaxps_dot_v1_dot_coordinator__pb2.LeaseReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +152,33 @@ class Coordinator:
             '/jaxps.v1.Coordinator/Heartbeat',
             jaxps_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
             jaxps_dot_v1_dot_coordinator__pb2.CoordinatorState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jaxps.v1.Coordinator/Lease',
+            jaxps_dot_v1_dot_coordinator__pb2.LeaseRequest.SerializeToString,
+            jaxps_dot_v1_dot_coordinator__pb2.LeaseReply.FromString,
             options,
             channel_credentials,
             insecure,

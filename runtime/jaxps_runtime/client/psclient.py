@@ -200,15 +200,19 @@ class PsClient:
         files: Sequence[tuple[str, str]],
         *,
         step: int,
-        cursors: Mapping[str, int] | None = None,
+        cursors: Sequence[Mapping[str, int]] = (),
     ) -> None:
         """Every ps loads its (file, sha256) of a checkpoint (after `init` declared the
-        shards), and the workers' data cursors the checkpoint holds."""
+        shards), and its own data positions the checkpoint holds (`cursors[ps]`)."""
 
         def one(ps: int) -> None:
             file, digest = files[ps]
             request = ps_pb2.RestoreRequest(
-                id=self.identity(ps), step=step, file=file, sha256=digest, cursors=cursors
+                id=self.identity(ps),
+                step=step,
+                file=file,
+                sha256=digest,
+                cursors=cursors[ps] if ps < len(cursors) else {},
             )
             self._ps.unary(ps, "Restore", request, timeout=300)
 
@@ -292,14 +296,18 @@ class PsClient:
         rows: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
         variables: Collection[str] | None = None,
         push_id: str | None = None,
+        shard: str = "",
         cursor: int = 0,
+        lease: int = 0,
         then_read: bool = False,
         min_step: int = 0,
         into: Mapping[str, np.ndarray] | None = None,
     ) -> tuple[int, dict[str, np.ndarray], list[tensor_pb2.FrameHeader]]:
         """Pushes one gradient to every ps at once: every variable's (or those of `variables`)
         whole, and gradient `rows` of tables ({variable: (row ids, rows)}; duplicate ids are
-        summed by the ps), with the worker's data `cursor` once it counts. With `then_read`,
+        summed by the ps), with the batch of data it is: `shard` (its `terms.shard_key`), the
+        shard's position once it counts (`cursor`) and the `lease` it was given with (a ps applies
+        each batch once: `ps.positions`). With `then_read`,
         each ps replies with the values of the same dense variables once it reached `min_step`
         (into `into`, as `read`): one round trip for a sync step and the next step's read.
 
@@ -321,7 +329,9 @@ class PsClient:
                 step=step,
                 push_id=push_id,
                 tensors=[*map(routing.spec, shards), *row_specs],
+                shard=shard,
                 cursor=cursor,
+                lease=lease,
                 then_read=then_read,
                 min_step=min_step,
             )

@@ -82,6 +82,10 @@ class ArrayDataset:
             rows[pick] = shard[order[offsets[pick]]]
         return rows
 
+    def examples(self, rows: np.ndarray) -> Batch:
+        """The training rows `rows` (the shard queue's batches: `data.shards`)."""
+        return {key: array[rows] for key, array in self._train.items()}
+
     def train_batch(self, *, worker: int, num_workers: int, step: int, batch_size: int) -> Batch:
         rows = self.train_indices(
             worker=worker, num_workers=num_workers, step=step, batch_size=batch_size

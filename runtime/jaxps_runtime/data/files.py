@@ -264,6 +264,9 @@ class _Pixels(ArrayDataset):
             )
         )
 
+    def examples(self, rows: np.ndarray) -> Batch:
+        return _scaled(super().examples(rows))
+
     def test(self) -> Batch:
         return _scaled(super().test())
 

@@ -126,6 +126,21 @@ class Metrics:
         self.staleness = gauge(
             "jaxps_staleness", "Steps between a gradient's pull and its application."
         )
+        # The data's shard queue (the chief's; a worker sets the epoch it reads from).
+        self.data_epoch = gauge("jaxps_data_epoch", "The data epoch now (0 first).")
+        self.data_shards = gauge(
+            "jaxps_data_shards", "Shards of the data per epoch (0: a stream of unknown size)."
+        )
+        self.data_shards_done = gauge(
+            "jaxps_data_shards_done", "Shards of this data epoch applied on every ps."
+        )
+        self.data_shards_leased = gauge("jaxps_data_shards_leased", "Shards leased to workers now.")
+        self.data_leases_reclaimed = Counter(
+            "jaxps_data_leases_reclaimed",
+            "Leases taken back from workers that died, restarted or left without giving them back.",
+            ["task"],
+            registry=self.registry,
+        ).labels(**labels)
         self.bytes_pushed = Counter(
             "jaxps_bytes_pushed", "Bytes of gradients pushed.", ["task"], registry=self.registry
         ).labels(**labels)

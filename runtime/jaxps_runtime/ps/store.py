@@ -49,6 +49,7 @@ from jaxps_runtime.ps.modes.asynchronous import Async
 from jaxps_runtime.ps.modes.bounded import Bounded
 from jaxps_runtime.ps.modes.policy import Policy, PsError
 from jaxps_runtime.ps.modes.sync import Sync
+from jaxps_runtime.ps.positions import Claim, Positions
 from jaxps_runtime.ps.pushes import PushLog
 from jaxps_runtime.ps.shards import Shards
 from jaxps_runtime.ps.snapshots import Snapshot
@@ -85,9 +86,9 @@ class ParameterStore:
         )
         self._mode = Mode()
         self._policy: Policy = Async(self, self._mode, ())
-        # Each worker's data cursor as of the pushes counted so far: changed with the step,
-        # under the same lock, so a snapshot holds the cursors that match its values.
-        self._cursors: dict[str, int] = {}
+        # Each data shard's position as of the pushes counted so far: changed with the step,
+        # under the same lock, so a snapshot holds the positions that match its values.
+        self._positions = Positions()
         self._saves = snapshots.Saves()  # guarded by `_lock`
 
     # --- identity and state ------------------------------------------------------------
@@ -163,7 +164,7 @@ class ParameterStore:
             with self._changed:
                 self._saves.fail(f"the chief re-initialised {self.task} (epoch {epoch})")
                 self._mode, self._policy = mode, policy
-                self._cursors = {}
+                self._positions.reset({})
                 self.shards.declare(specs, by_rows=by_rows)
                 self._optimizer, self.updates.current = optimizer, jitted
                 self._epoch, self._step = epoch, step
@@ -210,11 +211,11 @@ class ParameterStore:
         """`updates.Updater.settle`: waits for a push's updates, raises the first error."""
         self.updates.settle(pending)
 
-    def count_push(self, push_id: str, cursors: Mapping[str, int]) -> tuple[bool, int]:
+    def count_push(self, push_id: str, claims: Iterable[Claim]) -> tuple[bool, int]:
         """Counts one push (or, in sync mode, a step's pushes, with no push_id) whose updates
-        are applied: the step advances by one and each worker's data cursor of `cursors`
-        with it. A push whose id counted before is a duplicate and counts nothing: (whether it
-        counted, the step after it). Callers may hold `lock`.
+        are applied: the step advances by one and the data positions of `claims` with it. A
+        push whose id counted before is a duplicate and counts nothing: (whether it counted,
+        the step after it). Callers may hold `lock`.
 
         Every ps counts every push, including pushes that carry none of its shards, so the ps
         steps stay equal.
@@ -223,29 +224,31 @@ class ParameterStore:
             duplicate = self._pushes.counted(push_id)
             if not duplicate:
                 self._step += 1
-                for worker, cursor in cursors.items():
-                    self._note_cursor_locked(worker, cursor)
+                self._positions.settle(claims)
                 self._saves.reached(self._step, self._snapshot_locked)
                 self._changed.notify_all()
+            else:
+                for claim in claims:
+                    self._positions.drop(claim)
             self._pushes.note_counted(push_id)
             return not duplicate, self._step
 
-    # --- data cursors -----------------------------------------------------------------------
+    # --- data positions ---------------------------------------------------------------------
 
-    def _note_cursor_locked(self, worker: str, cursor: int) -> None:
-        if worker and cursor > self._cursors.get(worker, 0):
-            self._cursors[worker] = cursor
-
-    def note_cursor(self, worker: str, cursor: int) -> None:
-        """A push that does not count (refused as stale or as past the last step) still used
-        its batch: the worker goes on after it, and so does a restart of it."""
+    def claim(self, *, shard: str, cursor: int, lease: int) -> Claim | str:
+        """`positions.Positions.claim` under the lock: the batch's claim or why not."""
         with self._lock:
-            self._note_cursor_locked(worker, cursor)
+            return self._positions.claim(shard=shard, cursor=cursor, lease=lease)
+
+    def drop(self, claim: Claim | None) -> None:
+        """A claimed push that will not count: its batch is free again."""
+        with self._lock:
+            self._positions.drop(claim)
 
     def cursors(self) -> dict[str, int]:
-        """Each worker's data cursor: the batches it has used whose pushes this ps counted."""
+        """Each data shard's position: the batches of it applied here."""
         with self._lock:
-            return dict(self._cursors)
+            return self._positions.snapshot()
 
     # --- pull -----------------------------------------------------------------------------
 
@@ -284,7 +287,7 @@ class ParameterStore:
             step=self._step,
             epoch=self._epoch,
             optimizer=self.optimizer_json(),
-            cursors=self._cursors,
+            cursors=self._positions.snapshot(),
         )
 
     def snapshot_at(self, step: int, *, is_active: Callable[[], bool]) -> Snapshot:
@@ -325,7 +328,7 @@ class ParameterStore:
         cursors: Mapping[str, int] | None = None,
     ) -> None:
         """Loads every declared shard and its optimizer state (`snapshots.loaded`); READY at
-        `step`, with the workers' data cursors of the checkpoint."""
+        `step`, with this ps's data positions of the checkpoint."""
         with self._lock:
             tensors, jitted = self.shards.table(), self.updates.current
             if self._state != ps_pb2.ASSIGNING or jitted is None:
@@ -343,7 +346,7 @@ class ParameterStore:
                 for name, (value, state) in loaded.items():
                     table[name].value, table[name].opt_state = value, state
                 self._step = step
-                self._cursors = dict(cursors or {})
+                self._positions.reset(cursors or {})
                 self._state = ps_pb2.READY
                 self._changed.notify_all()
 

@@ -23,9 +23,10 @@ from jaxps.v1 import tensor_pb2
 from jaxps_runtime.ps import callers, checks
 from jaxps_runtime.ps.held import STATE_NAMES, Held
 from jaxps_runtime.ps.modes.policy import Policy, PsError, Push, PushResult
+from jaxps_runtime.ps.positions import Claim
 from jaxps_runtime.ps.shards import Shards
 from jaxps_runtime.ps.updates import Updater, finite
-from jaxps_runtime.wire import streams
+from jaxps_runtime.wire import streams, terms
 from jaxps_runtime.wire.streams import Spec
 from jaxps_runtime.wire.terms import INVALID_REQUEST, NONFINITE_GRADIENT, Mode
 
@@ -51,7 +52,12 @@ class Store(callers.Callee, Protocol):
 
     def assign(self, name: str, array: np.ndarray) -> Future[None]: ...
 
-    def note_cursor(self, worker: str, cursor: int) -> None: ...
+    def claim(self, *, shard: str, cursor: int, lease: int) -> Claim | str: ...
+
+    def drop(self, claim: Claim | None) -> None: ...
+
+    @property
+    def step(self) -> int: ...
 
     def wait_for_step(self, min_step: int, *, is_active: Callable[[], bool]) -> int: ...
 
@@ -146,14 +152,26 @@ class StreamHandlers:
             if isinstance(err, PsError) and err.code != grpc.StatusCode.INVALID_ARGUMENT:
                 raise
             raise self._invalid(err, header) from None
+        claim: Claim | None = None
+        if header.shard:  # a batch of the job's data: applied once (`positions`)
+            claimed = store.claim(shard=header.shard, cursor=header.cursor, lease=header.lease)
+            if isinstance(claimed, str):
+                store.counters.add(f"pushes_{terms.refusal_word(claimed)}")
+                if terms.refusal_word(claimed) == terms.APPLIED:
+                    policy.count_applied(header.id.task, header.step)
+                return self._update_reply(header, PushResult(False, store.step, claimed), context)
+            claim = claimed
         refusal = policy.admit(header.step)
         if refusal is not None:
-            store.note_cursor(header.id.task, header.cursor)
+            store.drop(claim)
             return self._update_reply(header, refusal, context)
         try:
-            result = self._apply(header, fill, assembler, staging=staging, rows=rows, policy=policy)
+            result = self._apply(
+                header, fill, assembler, staging=staging, rows=rows, policy=policy, claim=claim
+            )
         except BaseException:
             policy.release()
+            store.drop(claim)
             raise
         return self._update_reply(header, result, context)
 
@@ -166,6 +184,7 @@ class StreamHandlers:
         staging: Mapping[str, Held],
         rows: Mapping[int, tuple[Held, np.ndarray]],
         policy: Policy,
+        claim: Claim | None,
     ) -> PushResult:
         store, specs, push_id = self.store, assembler.specs, header.push_id
         updates = store.updates
@@ -204,7 +223,7 @@ class StreamHandlers:
             for i in range(len(specs))
             if sync and i not in rows
         }
-        return policy.count(Push(push_id, header.step, header.id.task, header.cursor, dense))
+        return policy.count(Push(push_id, header.step, header.id.task, claim, dense))
 
     def _require_finite(self, spec: Spec, grad: np.ndarray, *, rows: bool, who: str) -> None:
         if finite(grad):
@@ -247,8 +266,15 @@ class StreamHandlers:
         tensors: list[tensor_pb2.TensorSpec] = []
         if request.then_read:
             names = [t.name for t in request.tensors if not t.rows]
+            # A batch refused for its position ("revoked", "gap", "busy") did not count: the
+            # step it would wait for may need it, so the values are read as they are now.
+            word = "" if result.accepted else terms.refusal_word(result.reason)
+            waits = word not in terms.POSITION_REFUSALS or word == terms.APPLIED
             step, arrays, tensors = self._read(
-                request.id.task, names, min_step=request.min_step, context=context
+                request.id.task,
+                names,
+                min_step=request.min_step if waits else 0,
+                context=context,
             )
         header = tensor_pb2.FrameHeader(
             step=step, tensors=tensors, accepted=result.accepted, reason=result.reason

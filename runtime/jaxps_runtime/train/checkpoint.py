@@ -19,7 +19,7 @@ import os
 import re
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ class ShardRecord:
     file: str
     sha256: str
     bytes: int
+    cursors: dict[str, int] = field(default_factory=dict)  # this ps's data positions
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,16 @@ class Manifest:
             optimizer=str(raw["optimizer"]),
             mode=str(raw["mode"]),
             cursors={k: int(v) for k, v in raw["cursors"].items()},
-            shards=[ShardRecord(**s) for s in raw["shards"]],
+            shards=[
+                ShardRecord(
+                    ps=int(s["ps"]),
+                    file=str(s["file"]),
+                    sha256=str(s["sha256"]),
+                    bytes=int(s["bytes"]),
+                    cursors={k: int(v) for k, v in s.get("cursors", {}).items()},
+                )
+                for s in raw["shards"]
+            ],
         )
 
 
@@ -160,8 +170,9 @@ def save(
     timeout: float,
 ) -> Manifest:
     """Every ps saves its part at `step`; then the manifest commits the checkpoint, with the
-    workers' data cursors the parts were taken with (the lowest over the ps, so a restore
-    never skips a batch whose gradient one of them lacks)."""
+    data positions each part was taken with (each ps restores its own: a batch is in one ps's
+    part and not yet in another's when a push was in flight) and the lowest over the ps (the
+    shard queue's view: the batches every part holds)."""
     replies = client.save(step=step, directory=str(step_dir(root, step)), timeout=timeout)
     epochs = {r.id.cluster_epoch for r in replies}
     if epochs != {epoch}:
@@ -177,7 +188,7 @@ def save(
         mode=mode,
         cursors=psclient.merged_cursors(replies, how=min),
         shards=[
-            ShardRecord(ps=i, file=r.file, sha256=r.sha256, bytes=r.bytes)
+            ShardRecord(ps=i, file=r.file, sha256=r.sha256, bytes=r.bytes, cursors=dict(r.cursors))
             for i, r in enumerate(replies)
         ],
     )

@@ -5,6 +5,10 @@ loss and metrics; a reply carries the stop signal. A worker silent for `workerTi
 is dead until it heartbeats again: the chief then tells the ps tasks, so sync mode aggregates
 one gradient fewer per step instead of hanging (TF#5022).
 
+The workers are not fixed: a worker the cluster spec did not list joins when it registers (the
+job was scaled up), and a worker that says it leaves (scaled down) is no longer one. Workers
+lease their data from the job's one shard queue (`Lease`, `shardqueue`).
+
 `Membership` is thread-safe (one lock); the servicer only translates to and from it.
 """
 
@@ -14,7 +18,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +27,7 @@ import grpc
 from jaxps.v1 import coordinator_pb2 as co_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime.process import stopping
+from jaxps_runtime.train.shardqueue import Answer, ShardQueue
 from jaxps_runtime.wire import rpc
 from jaxps_runtime.wire.credentials import TaskCredentials
 
@@ -49,7 +54,7 @@ class Membership:
 
     def __init__(self, *, job_id: str, workers: Sequence[str], now: float) -> None:
         self.job_id = job_id
-        self.workers = tuple(workers)
+        self._workers = list(workers)
         self._lock = threading.Lock()
         self._members = {w: Member(w, last_seen=now) for w in workers}
         self.stop = False
@@ -61,6 +66,9 @@ class Membership:
         task = request.id.task
         with self._lock:
             member = self._members.setdefault(task, Member(task, last_seen=now))
+            if task.startswith("worker-") and task not in self._workers:
+                log.info("%s joins the job", task)
+                self._workers = sorted([*self._workers, task], key=_index)
             if member.incarnation and member.incarnation != request.task_incarnation:
                 log.info(
                     "%s restarted (incarnation %d -> %d)",
@@ -76,6 +84,21 @@ class Membership:
                 member.examples_per_second = request.examples_per_second
                 member.waiting = request.waiting
 
+    @property
+    def workers(self) -> tuple[str, ...]:
+        """The job's workers now: the cluster spec's, those that joined, not those that left."""
+        with self._lock:
+            return tuple(self._workers)
+
+    def left(self, task: str) -> bool:
+        """`task` says it leaves the job (scaled down): it is no longer one of its workers. True
+        the first time."""
+        with self._lock:
+            if task not in self._workers:
+                return False
+            self._workers.remove(task)
+            return True
+
     def watching_from(self, now: float) -> None:
         """The chief starts watching: a worker not heard from yet, or heard from only before
         the ps were ready (however long that took), counts as seen now."""
@@ -88,7 +111,7 @@ class Membership:
         with self._lock:
             return [
                 w
-                for w in self.workers
+                for w in self._workers
                 if self._members[w].done or now - self._members[w].last_seen <= timeout
             ]
 
@@ -111,14 +134,13 @@ class Membership:
         with self._lock:
             return [
                 w
-                for w in self.workers
+                for w in self._workers
                 if w not in self._told and now - self._members[w].last_seen <= timeout
             ]
 
     def mean_loss(self) -> float:
-        losses = [
-            m.loss for m in self.members() if m.task in self.workers and not math.isnan(m.loss)
-        ]
+        workers = self.workers
+        losses = [m.loss for m in self.members() if m.task in workers and not math.isnan(m.loss)]
         return sum(losses) / len(losses) if losses else math.nan
 
 
@@ -141,9 +163,10 @@ class CoordinatorServicer:
     any task may speak for any other: that mode trusts its network.
     """
 
-    def __init__(self, membership: Membership, *, task: str) -> None:
+    def __init__(self, membership: Membership, *, task: str, queue: ShardQueue) -> None:
         self.membership = membership
         self.task = task
+        self.queue = queue
 
     def _state(self) -> co_pb2.CoordinatorState:
         m = self.membership
@@ -157,7 +180,10 @@ class CoordinatorServicer:
 
     def Register(self, request: co_pb2.RegisterRequest, context: grpc.ServicerContext) -> Any:  # noqa: N802
         _abort_other_job(context, self.membership.job_id, request.id, "Register")
+        before = self.membership.member(request.id.task)
         self.membership.seen(request, time.monotonic())
+        if before is not None and before.incarnation != request.task_incarnation:
+            self.queue.reclaim(request.id.task)  # a new process: its leases died with the old
         state = self._state()
         log.info("%s registered", request.id.task)
         return state
@@ -169,6 +195,52 @@ class CoordinatorServicer:
         if state.stop:
             self.membership.told_stop(request.id.task)
         return state
+
+    def Lease(self, request: co_pb2.LeaseRequest, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        _abort_other_job(context, self.membership.job_id, request.id, "Lease")
+        worker = request.id.task
+        member = self.membership.member(worker)
+        if member is None or member.incarnation != request.task_incarnation:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"Lease: {worker} (incarnation {request.task_incarnation}) is not registered",
+            )
+        self.queue.done(worker, request.done)
+        if request.returned:
+            self.queue.give_back(worker, {r.lease: r.applied for r in request.returned})
+        if request.leaving:
+            if self.membership.left(worker):
+                log.info("%s leaves the job (its leases given back)", worker)
+            answer = Answer(waiting="leaving")
+        elif request.want:
+            answer = self.queue.lease(worker)
+        else:
+            answer = Answer()
+        m = self.membership
+        reply = co_pb2.LeaseReply(
+            id=tensor_pb2.Identity(job_id=m.job_id, cluster_epoch=m.epoch, task=self.task),
+            waiting=answer.waiting,
+            over=answer.over,
+            epoch=self.queue.counts().epoch,
+        )
+        if answer.lease is not None:
+            lease = answer.lease
+            reply.lease.CopyFrom(
+                co_pb2.ShardLease(
+                    lease=lease.lease,
+                    epoch=lease.epoch,
+                    shard=lease.shard,
+                    first=lease.first,
+                    end=lease.end,
+                    start=lease.start,
+                    skip=lease.skip,
+                )
+            )
+        return reply
+
+
+def _index(task: str) -> int:
+    return int(task.rsplit("-", 1)[-1]) if task.rsplit("-", 1)[-1].isdigit() else 1 << 30
 
 
 class CoordinatorClient:
@@ -267,6 +339,30 @@ class CoordinatorClient:
                 )
                 self._warned = time.monotonic()
             return None
+
+    def lease(
+        self,
+        *,
+        done: Sequence[int] = (),
+        returned: Mapping[int, int] | None = None,
+        want: bool = True,
+        leaving: bool = False,
+        timeout: float = 10.0,
+    ) -> co_pb2.LeaseReply:
+        """One call to the shard queue (`CoordinatorServicer.Lease`); raises grpc.RpcError
+        (the worker retries, or gives up when the chief stays away)."""
+        request = co_pb2.LeaseRequest(
+            id=self._id,
+            task_incarnation=self._incarnation,
+            done=list(done),
+            returned=[
+                co_pb2.ReturnedLease(lease=k, applied=v) for k, v in (returned or {}).items()
+            ],
+            want=want,
+            leaving=leaving,
+        )
+        reply: co_pb2.LeaseReply = self._calls["Lease"](request, timeout=timeout)
+        return reply
 
     def close(self) -> None:
         self._unregister()

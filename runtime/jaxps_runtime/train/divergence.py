@@ -17,6 +17,7 @@ from jaxps_runtime.train.coordinator import Member
 from jaxps_runtime.wire import terms
 
 DIVERGED_STEP, DIVERGED_BATCH, DIVERGED_EPOCH = "divergedStep", "divergedBatch", "divergedEpoch"
+DIVERGED_DATA_EPOCH = "divergedDataEpoch"
 """Heartbeat metrics of a worker that diverged with `training.onDivergence: rollback`: the
 global step, its batch (data cursor) and the epoch it diverged at; the chief rolls back once
 per report of its current epoch."""
@@ -50,9 +51,27 @@ def what_is_not_finite(loss: float, grads: dict[str, np.ndarray]) -> str:
     return f"the gradient of {name} is not finite (the loss is {loss:.6g})"
 
 
-def report(*, step: int, batch: int, epoch: int) -> dict[str, float]:
-    """The heartbeat metrics of a divergence at `step` on `batch`, at `epoch`."""
-    return {DIVERGED_STEP: float(step), DIVERGED_BATCH: float(batch), DIVERGED_EPOCH: float(epoch)}
+def report(*, step: int, batch: int, epoch: int, data_epoch: int) -> dict[str, float]:
+    """The heartbeat metrics of a divergence at `step` on `batch` of `data_epoch`, at (cluster)
+    `epoch`."""
+    return {
+        DIVERGED_STEP: float(step),
+        DIVERGED_BATCH: float(batch),
+        DIVERGED_EPOCH: float(epoch),
+        DIVERGED_DATA_EPOCH: float(data_epoch),
+    }
+
+
+def diverged_batch(
+    members: Iterable[Member], *, workers: Collection[str], epoch: int
+) -> tuple[int, int] | None:
+    """(data epoch, batch) of a worker's report of a divergence at `epoch`; None without."""
+    for m in members:
+        if m.task in workers and int(m.metrics.get(DIVERGED_EPOCH, -1)) == epoch:
+            return int(m.metrics.get(DIVERGED_DATA_EPOCH, -1)), int(
+                m.metrics.get(DIVERGED_BATCH, -1)
+            )
+    return None
 
 
 def reported(members: Iterable[Member], *, workers: Collection[str], epoch: int) -> str | None:
@@ -64,6 +83,7 @@ def reported(members: Iterable[Member], *, workers: Collection[str], epoch: int)
         if int(m.metrics[DIVERGED_EPOCH]) == epoch:
             return (
                 f"{m.task} diverged at global step {int(m.metrics.get(DIVERGED_STEP, 0))} "
-                f"(batch {int(m.metrics.get(DIVERGED_BATCH, 0))} of its data shard)"
+                f"(batch {int(m.metrics.get(DIVERGED_BATCH, 0))} of data epoch "
+                f"{int(m.metrics.get(DIVERGED_DATA_EPOCH, 0))})"
             )
     return None

@@ -101,7 +101,10 @@ def restore_or_initialise(
             client.restore(
                 [files[i] for i in range(len(client.addresses))],
                 step=manifest.step,
-                cursors=manifest.cursors,
+                cursors=[
+                    {r.ps: r.cursors for r in manifest.shards}.get(i, manifest.cursors)
+                    for i in range(len(client.addresses))
+                ],
             )
         except PsClientError as err:
             if err.code != grpc.StatusCode.DATA_LOSS:

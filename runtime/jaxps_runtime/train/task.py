@@ -124,13 +124,19 @@ class Task:
             use_bulk=cluster.bulk_on(os.environ),
         )
 
-    def coordinator(self) -> CoordinatorClient:
+    @functools.cached_property
+    def incarnation(self) -> int:
+        """This process start's id, the same on every channel to the chief."""
+        return secrets.randbits(62) | 1
+
+    def coordinator(self, *, stop: stopping.Stop | None = None) -> CoordinatorClient:
+        """A link to the chief whose calls end when `stop` (default: the task's) is set."""
         return CoordinatorClient(
             address=self.chief_address,
             job_id=self.job_id,
             task=self.name,
-            incarnation=secrets.randbits(62) | 1,
-            stop=self.stop,
+            incarnation=self.incarnation,
+            stop=stop or self.stop,
             credentials=self.credentials,
         )
 

@@ -1,7 +1,9 @@
 """The worker: read, `jax.value_and_grad` under `jax.jit`, update; on its own shard of the data.
 
 Between-graph replication as TensorFlow's workers do it, against the ps tier, one Read and one
-Update per ps and step:
+Update per ps and step, on the batches of the shards the chief's queue leases it (`feed`): each
+push names its batch (shard, position, lease) and every ps applies a batch once (`ps.positions`),
+so every record is applied once per data epoch however workers come, go or die:
 - dense variables are read whole (into buffers reused across steps); an embedding table is
   read by rows: only the unique ids of the batch, padded to one size per table so the jitted
   step compiles once, and the batch's ids are remapped to positions in those rows;
@@ -9,17 +11,18 @@ Update per ps and step:
   have pushed); a refused (stale) push just moves on to the current step;
 - async and bounded staleness: read whatever is there (the ps holds a worker back that is too
   far ahead), update, repeat.
-The worker stops when the global step reaches `steps` or the chief says stop, and exits with
-`stopping.Stopped` between two steps (or from a wait) once the task is told to stop: then it
-does not tell the chief it is done, so the chief drops it after `workerTimeoutSeconds` as it
-does a dead worker. A background thread heartbeats to the chief with the step, the loss and
-the per-step time split.
+The worker stops when the global step reaches `steps` or the chief says stop. Told to stop
+(SIGTERM: the job is scaled down, suspended or preempted) it drains between two steps: its last
+push is in, it gives its leases back (each shard goes on from where it got) and leaves the job,
+then exits 0; on SIGINT the same, with the interrupt's exit code. A background thread
+heartbeats to the chief with the step, the loss and the per-step time split.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import signal
 import threading
 import time
 from typing import Any
@@ -29,8 +32,12 @@ import numpy as np
 
 from jaxps_runtime.client.psclient import PsClientError, PsRestartedError
 from jaxps_runtime.config.mode import ModeKind
+from jaxps_runtime.data.shards import ShardPlan
+from jaxps_runtime.process import stopping
 from jaxps_runtime.train import divergence, outcome, timing
+from jaxps_runtime.train.feed import Feed, Position, TrainingOverError
 from jaxps_runtime.train.task import Task
+from jaxps_runtime.wire import terms
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,8 @@ RECOVERABLE = frozenset(
 
 
 _DIVERGED = -2  # `_step`'s answer when it reported a divergence for a rollback
+_DONE_WORDS = frozenset({"", terms.APPLIED, "duplicate"})  # the batch is in on that ps
+_LOST_WORDS = frozenset({terms.REVOKED, terms.GAP})  # the lease is someone else's now
 
 
 class Worker:
@@ -57,23 +66,21 @@ class Worker:
     def __init__(self, task: Task) -> None:
         self.task = task
         self.index = task.spec.task.index
-        self.num_workers = len(task.worker_names)
         self.client = task.ps_client()
+        self.plan = ShardPlan.of(
+            task.dataset, batch_size=task.training.batchSize, seed=task.training.seed
+        )
+        self.feed: Feed | None = None
         self.finished = threading.Event()  # the chief says training is over
         self.step = 0
         self.loss = math.nan
         self.times = timing.StepTimes()
-        # Batches of this worker's data shard used so far. Each push carries the cursor it
-        # makes; the ps tier records it with the update (and in checkpoints), and a worker
-        # (re)starting or recovering goes on from that record: after the last batch whose
-        # gradient reached the ps, or from the restored checkpoint's position.
-        self.cursor = 0
         self._grad = divergence.finite_step(task.model.loss)
         self.waiting = ""  # what the worker waits for now: its heartbeats say it
         self.drained = False  # its training is over; it waits for the chief to end the job
         self.last_heard = time.monotonic()  # the chief's last answer to a heartbeat
-        self.skip: set[int] = set()  # batches that diverged (onDivergence: rollback)
         self.diverged: dict[str, float] = {}  # the report of a divergence not rolled back yet
+        self.position: Position | None = None  # the batch of the step under way
         self._table_rows = {
             v.name: v.shape[0] for v in task.placement.variables if v.name in task.tables
         }
@@ -113,23 +120,29 @@ class Worker:
             beat.start()
             self.waiting = "every ps to be ready (the chief initialises or restores them)"
             self.step = self.client.wait_ready(timeout=training.startupTimeoutSeconds)
-            self.cursor = self.client.cursors.get(self.task.name, 0)
+            self.feed = Feed(coordinator, name=self.task.name)
             log.info(
-                "%s: ps ready at step %d (epoch %d); training %s, data shard %d of %d from "
-                "batch %d",
+                "%s: ps ready at step %d (epoch %d); training %s on the shards the chief "
+                "leases (%s)",
                 self.task.name,
                 self.step,
                 self.client.epoch,
                 training.mode,
-                self.index,
-                self.num_workers,
-                self.cursor,
+                _describe(self.plan),
             )
             self._loop()
             while self._drain():
                 self._loop()
             trained = True
+        except stopping.Stopped:
+            self.finished.set()
+            self._leave()
+            if self.task.stop.exit_code != 128 + signal.SIGTERM:
+                raise
+            log.info("%s: drained on %s: exit 0", self.task.name, self.task.stop.reason)
         finally:
+            if self.feed is not None:
+                self.feed.close()
             self.finished.set()
             if beat is not None:
                 beat.join(timeout=10)
@@ -201,7 +214,8 @@ class Worker:
                     step,
                 )
                 self.step, self.drained = step, False
-                self.cursor = self.client.cursors.get(self.task.name, 0)
+                if self.feed is not None:
+                    self.feed.reset()
                 self._pulled = None
                 return True
         return False
@@ -212,16 +226,17 @@ class Worker:
         worker reports it to the chief (heartbeats), skips this batch from now on, and returns
         to wait for the ps tier's rollback (`_recover`)."""
         training, task = self.task.training, self.task
-        where = f"at global step {self.step} (batch {self.cursor} of its data shard)"
+        at = self.position
+        batch, data_epoch = (at.batch, at.epoch) if at is not None else (-1, -1)
+        where = f"at global step {self.step} (batch {batch} of data epoch {data_epoch})"
         if training.onDivergence != "rollback":
             raise outcome.DivergedError(
                 f"{task.name}: {what} {where}; lower the learning rate or set "
                 "training.onDivergence: rollback"
             )
         log.error("%s: %s %s: reporting it for a rollback", task.name, what, where)
-        self.skip.add(self.cursor)
         self.diverged = divergence.report(
-            step=self.step, batch=self.cursor, epoch=self.client.epoch
+            step=self.step, batch=batch, epoch=self.client.epoch, data_epoch=data_epoch
         )
 
     def _recover(self, err: PsClientError | str) -> bool:
@@ -248,39 +263,50 @@ class Worker:
                 self.task.stop.sleep(min(0.2, self.task.training.heartbeatSeconds))
                 continue
             self.diverged = {}
-            cursor = self.client.cursors.get(self.task.name, 0)
+            if self.feed is not None:
+                self.feed.reset()  # the queue starts over from the ps tier's positions
             log.info(
-                "%s: ps tier ready again at step %d (epoch %d) after %.1f s; data from batch %d%s",
+                "%s: ps tier ready again at step %d (epoch %d) after %.1f s",
                 self.task.name,
                 self.step,
                 self.client.epoch,
                 time.monotonic() - started,
-                cursor,
-                f" (the checkpoint's: {self.cursor - cursor} batches again)"
-                if cursor < self.cursor
-                else "",
             )
-            self.cursor = cursor
             return True
         return False
+
+    def _leave(self) -> None:
+        """Drains: the last push is in (`stopping` lets it finish); the leases go back to the
+        queue from where they got, over a channel of its own (the task's closed on the stop)."""
+        if self.feed is None:
+            return
+        coordinator = self.task.coordinator(stop=stopping.Stop())
+        try:
+            self.feed.leave(coordinator)
+        finally:
+            coordinator.close()
 
     def _step(self, *, min_step: int, sync: bool) -> int:
         """One training step; returns the next pull's min_step, -1 when training is over, or
         `_DIVERGED` when it reported a divergence (onDivergence: rollback)."""
         training, task = self.task.training, self.task
-        dense = task.dense_variables
+        assert self.feed is not None
         started = time.perf_counter()
-        while self.cursor in self.skip:  # a batch that diverged (onDivergence: rollback)
-            self.cursor += 1
-        self.waiting = f"its batch {self.cursor} from the dataset (train_batch)"
+        self.waiting = "a shard of the data from the chief's queue (Lease)"
+        try:
+            at = self.position = self.feed.batch()
+        except TrainingOverError:
+            return -1
+        task.metrics.data_epoch.set(self.feed.epoch)
+        if at is None:
+            return self._idle(min_step=min_step, sync=sync)
+        if at.skip:  # diverged before: the position moves past it, no gradient
+            return self._push_nothing(at, min_step=min_step, sync=sync)
+        self.waiting = f"batch {at.batch} of data epoch {at.epoch} from the dataset"
         with outcome.user_code("the dataset's train_batch", task=task.name):
-            batch = task.dataset.train_batch(
-                worker=self.index,
-                num_workers=self.num_workers,
-                step=self.cursor,
-                batch_size=training.batchSize,
-            )
+            batch = self.plan.read(task.dataset, epoch=at.epoch, batch=at.batch)
         rows = _wanted_rows(batch, tables=task.tables, table_rows=self._table_rows)
+        dense = task.dense_variables
         params: dict[str, Any]
         if self._pulled is not None:  # sync: the last update brought this step's values
             step, self._pulled = self._pulled, None
@@ -322,31 +348,97 @@ class Worker:
             step=step,
             variables=dense,
             rows={v: (ids, named[v]) for v, ids in rows.items()},
-            cursor=self.cursor + 1,
+            shard=at.shard,
+            cursor=at.cursor,
+            lease=at.lease,
             then_read=keep,
             min_step=step + 1 if keep else 0,
             into=self._buffers,
         )
-        if keep:
+        applied = self._applied(replies, at)
+        if keep and (applied or not _refused_position(replies)):
             self._buffers, self._pulled = values, next_step
         pushed = time.perf_counter()
-        self.cursor += 1
         task.metrics.loss.set(self.loss)
         self.times.add(
             pull=pulled - started,
             compute=computed - pulled,
             push=pushed - computed,
-            examples=training.batchSize,
+            examples=len(next(iter(batch.values()))) if batch else 0,
             step=step,
         )
-        refused = [r.reason for r in replies if not r.accepted]
-        if refused and log.isEnabledFor(logging.DEBUG):
-            log.debug("%s: push at step %d refused: %s", task.name, step, refused[0])
+        return self._next_min_step(replies, step=step, sync=sync)
+
+    def _applied(self, replies: list[Any], at: Position) -> bool:
+        """Moves the feed on when every ps has the batch in (applied now or before); drops the
+        lease when a ps says it is someone else's. False: the batch is pushed again (a sync
+        step closed without it, or another push of it was in flight)."""
+        assert self.feed is not None
+        words = {terms.refusal_word(r.reason) if not r.accepted else "" for r in replies}
+        if words <= _DONE_WORDS:
+            self.feed.applied()
+            return True
+        if words & _LOST_WORDS:
+            self.feed.lost()
+        elif log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: batch %d again: %s", self.task.name, at.batch, sorted(words))
+        return False
+
+    def _next_min_step(self, replies: list[Any], *, step: int, sync: bool) -> int:
+        if any(r.step >= self.task.training.steps for r in replies):
+            return self.task.training.steps
+        if _refused_position(replies):  # it did not count: the step may wait for it
+            return 0
+        return step + 1 if sync else 0
+
+    def _push_nothing(self, at: Position | None, *, min_step: int, sync: bool) -> int:
+        """A push with no gradient: a skipped batch's position (`at`), or, with no batch, sync's
+        share of the step (the step waits for every live worker)."""
+        self.waiting = f"the ps tier's step >= {min_step} (Read)"
+        step, _ = self.client.read(min_step=min_step, variables=[])
+        self.step = step
+        if step >= self.task.training.steps:
+            return -1
+        _, _, replies = self.client.update(
+            {},
+            step=step,
+            variables=[],
+            shard=at.shard if at else "",
+            cursor=at.cursor if at else 0,
+            lease=at.lease if at else 0,
+        )
+        if at is not None:
+            self._applied(replies, at)
+        self._pulled = None
+        return self._next_min_step(replies, step=step, sync=sync)
+
+    def _idle(self, *, min_step: int, sync: bool) -> int:
+        """No shard for this worker now (the data epoch ends while others finish theirs)."""
+        assert self.feed is not None
+        self.waiting = self.feed.waiting
         if sync:
-            return step + 1
-        if any(r.step >= training.steps for r in replies):
-            return training.steps
+            return self._push_nothing(None, min_step=min_step, sync=sync)
+        self.task.stop.sleep(min(0.05, self.task.training.heartbeatSeconds))
         return 0
+
+
+def _refused_position(replies: list[Any]) -> bool:
+    """A ps refused the push for its data position, not as applied: it did not count there."""
+    return any(
+        not r.accepted and terms.refusal_word(r.reason) in _REFUSED_POSITION for r in replies
+    )
+
+
+_REFUSED_POSITION = frozenset({terms.REVOKED, terms.GAP, terms.BUSY})
+
+
+def _describe(plan: ShardPlan) -> str:
+    if plan.shards is None:
+        return f"a stream: shards of {plan.shard_batches} batches of {plan.batch_size}"
+    return (
+        f"{plan.examples} examples a data epoch, {plan.shards} shards of {plan.shard_batches} "
+        f"batches of {plan.batch_size}"
+    )
 
 
 def _wanted_rows(

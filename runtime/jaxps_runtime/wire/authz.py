@@ -17,6 +17,7 @@ when the job has none (TF1's rule), whatever role its certificate names. Least p
 | ParameterServer: Update | yes | yes | no |
 | ParameterServer: Status, Read | yes | yes | yes |
 | Coordinator: Register, Heartbeat | yes | yes | yes |
+| Coordinator: Lease (the shard queue) | yes | yes | no |
 
 A ps calls nobody and is called by nobody of its own kind. Worker 0 acting as chief registers
 with its own coordinator, as every training worker does.
@@ -61,6 +62,7 @@ TABLE: Mapping[str, frozenset[str]] = {
     **{f"/{PS_SERVICE}/{m}": _TRAINERS for m in ("Update",)},
     **{f"/{PS_SERVICE}/{m}": _READERS for m in ("Status", "Read")},
     **{f"/{COORDINATOR_SERVICE}/{m}": _MEMBERS for m in ("Register", "Heartbeat")},
+    **{f"/{COORDINATOR_SERVICE}/{m}": _TRAINERS for m in ("Lease",)},
 }
 
 

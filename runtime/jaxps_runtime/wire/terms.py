@@ -58,3 +58,30 @@ def wire_mode(mode: TrainingMode, *, last_step: int) -> Mode:
         max_staleness=mode.max_staleness,
         last_step=last_step,
     )
+
+
+# Why a ps did not apply a batch of the job's data (an Update reply's `reason` starts with one
+# of these, then ": " and the words): the worker acts on the word, never on the rest.
+APPLIED = "applied"  # this ps already applied that batch of that shard: nothing to do again
+REVOKED = "revoked"  # the push's lease is older than one the ps took for that shard
+GAP = "gap"  # batches of the shard before this one are not applied here: ask for a new lease
+BUSY = "busy"  # another push of the same batch is being applied: ask again
+POSITION_REFUSALS = (APPLIED, REVOKED, GAP, BUSY)
+
+
+def shard_key(epoch: int, shard: int) -> str:
+    """The name of a data shard in pushes, positions and checkpoints: "<epoch>:<shard>"."""
+    return f"{epoch}:{shard}"
+
+
+def parse_shard_key(key: str) -> tuple[int, int] | None:
+    """(epoch, shard) of a `shard_key`; None for anything else."""
+    epoch, sep, shard = key.partition(":")
+    if not sep or not epoch.isdigit() or not shard.isdigit():
+        return None
+    return int(epoch), int(shard)
+
+
+def refusal_word(reason: str) -> str:
+    """The word a refusal's reason starts with ("applied", "stale", ...)."""
+    return reason.split(":", 1)[0].strip()

@@ -51,7 +51,8 @@ class Async:
     def count(self, push: Push) -> PushResult:
         with self.store.lock:
             self._reserved = max(self._reserved - 1, 0)
-            counted, step = self.store.count_push(push.push_id, {push.worker: push.cursor})
+            claims = [push.claim] if push.claim is not None else []
+            counted, step = self.store.count_push(push.push_id, claims)
             if counted:
                 self.counted(push.worker)
         if not counted:
@@ -60,6 +61,9 @@ class Async:
         self.store.counters.add("pushes_accepted")
         self.store.counters.set("staleness", float(max(step - 1 - push.step, 0)))
         return PushResult(True, step)
+
+    def count_applied(self, worker: str, step: int) -> None:
+        return None
 
     def counted(self, worker: str) -> None:
         """With store.lock held, right after `worker`'s push counted."""

@@ -18,6 +18,17 @@ class Bounded(Async):
         super().__init__(store, mode, workers)
         self._clocks: dict[str, int] = {}  # pushes counted per worker; under store.lock
 
+    def set_workers(self, workers: Sequence[str]) -> None:
+        """A worker that joins starts level with the slowest live one: nobody waits for it to
+        catch up on pushes made before it came."""
+        with self.store.changed:
+            known = [self._clocks.get(w, 0) for w in self.workers]
+            start = min(known) if known else 0
+            for worker in workers:
+                if worker not in self.workers:
+                    self._clocks[worker] = max(self._clocks.get(worker, 0), start)
+        super().set_workers(workers)
+
     def counted(self, worker: str) -> None:
         if worker:
             self._clocks[worker] = self._clocks.get(worker, 0) + 1

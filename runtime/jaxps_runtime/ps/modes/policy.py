@@ -24,6 +24,7 @@ import numpy as np
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps_runtime.ps.held import Counters, Held
+from jaxps_runtime.ps.positions import Claim
 
 
 class Store(Protocol):
@@ -52,9 +53,9 @@ class Store(Protocol):
 
     def settle(self, pending: Iterable[Future[None]]) -> None: ...
 
-    def count_push(self, push_id: str, cursors: Mapping[str, int]) -> tuple[bool, int]: ...
+    def count_push(self, push_id: str, claims: Iterable[Claim]) -> tuple[bool, int]: ...
 
-    def note_cursor(self, worker: str, cursor: int) -> None: ...
+    def drop(self, claim: Claim | None) -> None: ...
 
 
 class PsError(Exception):
@@ -76,14 +77,15 @@ class PushResult:
 
 @dataclass(frozen=True)
 class Push:
-    """One push as a policy sees it, once its tensors are in: who sent it, at which step, with
-    which data cursor, and its dense gradients (held shard, gradient) by shard name (sync sums
-    them; async policies get them applied already)."""
+    """One push as a policy sees it, once its tensors are in: who sent it, at which step, the
+    batch of data it claimed (`positions`; None for a push that carries none), and its dense
+    gradients (held shard, gradient) by shard name (sync sums them; async policies get them
+    applied already)."""
 
     push_id: str
     step: int
     worker: str
-    cursor: int
+    claim: Claim | None
     dense: Mapping[str, tuple[Held, np.ndarray]]
 
 
@@ -108,6 +110,10 @@ class Policy(Protocol):
 
     def count(self, push: Push) -> PushResult:
         """Counts an admitted push whose tensors are in (and applied, when on arrival)."""
+
+    def count_applied(self, worker: str, step: int) -> None:
+        """`worker` pushed, at `step`, a batch this ps applied already: sync counts it as that
+        worker's gradient of the step, with nothing to add (the step waits for it otherwise)."""
 
     def before_read(self, worker: str, *, is_active: Callable[[], bool]) -> None:
         """Blocks a read while the mode holds `worker` back."""

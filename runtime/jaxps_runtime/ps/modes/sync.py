@@ -1,10 +1,16 @@
 """Sync mode: the gradients of one step, one per live worker (or `replicas_to_aggregate`), are
 summed in place as they come; the last one seals the step and applies the mean to every shard,
-then the step advances with the contributors' data cursors. A gradient for a step that moved
-on, or that is being applied, is refused as stale (as backup workers' are); a second one from
-the same worker for the same step is a duplicate and adds nothing. A push the servicer refused
-(a gradient that is not finite) never reaches `count`: it adds nothing to the step, which the
-other workers' gradients complete.
+then the step advances with the contributors' data positions. The mean is over the gradients
+that carried data: a worker with no batch this step (the data epoch is ending) or whose batch
+this ps applied already still counts as one of the step's gradients, adding nothing. A gradient
+for a step that moved on, or that is being applied, is refused as stale (as backup workers'
+are: the worker computes its batch again at the new step); a second one from the same worker
+for the same step is a duplicate and adds nothing. A push the servicer refused (a gradient that
+is not finite) never reaches `count`: it adds nothing to the step, which the other workers'
+gradients complete.
+
+The live workers change between steps: a worker gone is dropped at once (the step must not wait
+for it), a worker that joins is waited for from the next step on.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from jaxps_runtime.ps.modes.policy import PsError, Push, PushResult, Store
+from jaxps_runtime.ps.positions import Claim
 from jaxps_runtime.wire.terms import Mode
 
 log = logging.getLogger(__name__)
@@ -27,12 +34,15 @@ class Sync:
     def __init__(self, store: Store, mode: Mode, workers: Sequence[str]) -> None:
         self.store, self.mode = store, mode
         self.workers = tuple(workers)
-        # The running sums of the current step, who contributed them (with the cursor each
-        # push carried, recorded when the step is applied), and whether the step is sealed
-        # (being applied). Guarded by `_lock`, taken before store.lock when both are needed.
+        self._joining: tuple[str, ...] | None = None  # the live set from the next step on
+        # The running sums of the current step, who contributed them (with the batch each
+        # push claimed, whose position moves when the step is applied), how many brought
+        # gradients, and whether the step is sealed (being applied). Guarded by `_lock`, taken
+        # before store.lock when both are needed.
         self._lock = threading.Lock()
         self._sums: dict[str, np.ndarray] = {}
-        self._contributors: dict[str, int] = {}
+        self._contributors: dict[str, Claim | None] = {}
+        self._with_data = 0
         self._sealed = False
 
     def _expected(self) -> int:
@@ -72,12 +82,13 @@ class Sync:
             current = self.store.step
             if push.step != current or self._sealed:
                 self.store.counters.add("pushes_stale")
-                self.store.note_cursor(push.worker, push.cursor)
+                self.store.drop(push.claim)
                 return PushResult(
                     False, current, f"stale: computed at step {push.step}, step {current} is closed"
                 )
             if contributor in self._contributors:
                 self.store.counters.add("pushes_duplicate")
+                self.store.drop(push.claim)
                 return PushResult(True, current, "duplicate: already aggregated for this step")
             for name, (held, grad) in push.dense.items():
                 total = self._sums.get(name)
@@ -86,32 +97,49 @@ class Sync:
                 else:
                     np.add(total, grad, out=total)
                     held.recycle(grad)
-            self._contributors[contributor] = push.cursor
+            self._contributors[contributor] = push.claim
+            self._with_data += 1 if push.dense else 0
             self.store.counters.add("pushes_accepted")
             ready = self._seal_if_complete()
         if ready is not None:
             return PushResult(True, self._apply_mean(*ready))
         return PushResult(True, current)
 
-    def _seal_if_complete(self) -> tuple[dict[str, np.ndarray], dict[str, int]] | None:
+    def count_applied(self, worker: str, step: int) -> None:
+        with self._lock:
+            if step != self.store.step or self._sealed or not worker:
+                return
+            if worker in self._contributors:
+                return
+            self._contributors[worker] = None
+            ready = self._seal_if_complete()
+        if ready is not None:
+            self._apply_mean(*ready)
+
+    def _seal_if_complete(
+        self,
+    ) -> tuple[dict[str, np.ndarray], dict[str, Claim | None], int] | None:
         """With `_lock` held: takes the sums and their contributors out once enough are in."""
         count = len(self._contributors)
         if count == 0 or count < self._expected():
             return None
         sums, self._sums = self._sums, {}
         contributors, self._contributors = self._contributors, {}
+        with_data, self._with_data = self._with_data, 0
         self._sealed = True
-        return sums, contributors
+        return sums, contributors, with_data
 
-    def _apply_mean(self, sums: dict[str, np.ndarray], contributors: Mapping[str, int]) -> int:
+    def _apply_mean(
+        self, sums: dict[str, np.ndarray], contributors: Mapping[str, Claim | None], with_data: int
+    ) -> int:
         """Applies the mean to every shard, then opens the next step with the contributors'
-        cursors; returns it. The step opens also when a shard's update was refused as not
-        finite (that shard keeps its values; the PsError goes on to the caller): a refused
+        data positions; returns it. The step opens also when a shard's update was refused as
+        not finite (that shard keeps its values; the PsError goes on to the caller): a refused
         update never holds the step shut."""
         who = f"the mean of step {self.store.step} from {', '.join(sorted(contributors))}"
         pending = []
         for name, total in sums.items():
-            np.divide(total, len(contributors), out=total)
+            np.divide(total, max(with_data, 1), out=total)
             held = self.store.find(name)
             if held is not None:
                 pending.append(self.store.apply_dense(held, total, push_id="", who=who))
@@ -119,8 +147,11 @@ class Sync:
             self.store.settle(pending)
         finally:
             with self._lock:
-                _, step = self.store.count_push("", contributors)
+                claims = [c for c in contributors.values() if c is not None]
+                _, step = self.store.count_push("", claims)
                 self._sealed = False
+                if self._joining is not None:
+                    self.workers, self._joining = self._joining, None
         return step
 
     def before_read(self, worker: str, *, is_active: Callable[[], bool]) -> None:
@@ -131,10 +162,17 @@ class Sync:
             return max(self._expected() - len(self._contributors), 0)
 
     def set_workers(self, workers: Sequence[str]) -> None:
-        """Sync may now have enough gradients for the step."""
+        """Sync may now have enough gradients for the step. Workers gone are dropped now;
+        workers that joined are waited for from the next step on (at once when no gradient
+        of the current step is in yet)."""
         with self._lock:
             with self.store.changed:
-                self.workers = tuple(workers)
+                new = tuple(workers)
+                if set(new) - set(self.workers) and self._contributors:
+                    self.workers = tuple(w for w in self.workers if w in new)
+                    self._joining = new
+                else:
+                    self.workers, self._joining = new, None
                 self.store.changed.notify_all()
             ready = self._seal_if_complete()
         if ready is None:

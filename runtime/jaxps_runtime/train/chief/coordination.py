@@ -21,12 +21,13 @@ from typing import Any
 import grpc
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
-from jaxps_runtime.client.psclient import PsClient, PsClientError, PsRestartedError
+from jaxps_runtime.client.psclient import PsClient, PsClientError, PsRestartedError, merged_cursors
 from jaxps_runtime.config.training import TrainingConfig
 from jaxps_runtime.train import divergence, outcome, recovery, watch
 from jaxps_runtime.train.chief.checkpointer import Checkpointer
 from jaxps_runtime.train.chief.progress import Progress, rate
 from jaxps_runtime.train.coordinator import Member, Membership
+from jaxps_runtime.train.shardqueue import ShardQueue
 from jaxps_runtime.train.task import Task
 from jaxps_runtime.wire import terms
 from jaxps_runtime.wire.terms import Mode
@@ -61,8 +62,10 @@ class Coordination:
         membership: Membership,
         checkpointer: Checkpointer,
         progress: Progress,
+        queue: ShardQueue,
     ) -> None:
         self.task = task
+        self.queue = queue
         self.training = task.training
         self.membership = membership
         self.checkpointer = checkpointer
@@ -71,6 +74,7 @@ class Coordination:
         self.started_from: dict[str, Any] = {}
         self.rollbacks = 0  # on divergence (training.onDivergence: rollback)
         self._seen: tuple[watch.PsSeen, ...] = ()  # the last look at the ps tier
+        self._reclaimed = 0  # leases taken back, as the metric counts them
 
     def initialise(self, client: PsClient) -> None:
         training = self.training
@@ -83,7 +87,7 @@ class Coordination:
         ready = recovery.bring_up(
             client, self.task, mode=ps_mode(training), workers=self.task.worker_names, adopt=True
         )
-        self._adopt(ready)
+        self._adopt(ready, client)
         self.membership.watching_from(time.monotonic())
         self.started_from = {"how": ready.how, "step": ready.step}
         log.info(
@@ -96,9 +100,12 @@ class Coordination:
             training.checkpoint.dir or "off",
         )
 
-    def _adopt(self, ready: recovery.Ready) -> None:
+    def _adopt(self, ready: recovery.Ready, client: PsClient) -> None:
         self.membership.epoch = ready.epoch
         self.membership.step = ready.step
+        # The shard queue as the ps tier's data positions say (the checkpoint's, after a
+        # restore): leases given before are void.
+        self.queue.restore(merged_cursors(client.statuses(timeout=30), how=min))
         if ready.how == "restored":
             self.task.metrics.last_checkpoint_step.set(ready.step)
         self.progress.restarted(step=ready.step, rolled_back=ready.how != "adopted")
@@ -131,7 +138,7 @@ class Coordination:
                 if not ps_gone(err):
                     raise
                 log.warning("%s; rolling back again once every ps answers", err)
-        self._adopt(ready)
+        self._adopt(ready, client)
         seconds = time.monotonic() - started
         self.recoveries.append(
             {
@@ -155,8 +162,11 @@ class Coordination:
         is healthy: a second call could meet a ps that died in between, uncaught), and which
         workers were heard from."""
         try:
-            seen = tuple(watch.PsSeen.of(s) for s in client.statuses(timeout=10))
+            replies = client.statuses(timeout=10)
+            seen = tuple(watch.PsSeen.of(s) for s in replies)
             unreachable = ""
+            if len({r.id.cluster_epoch for r in replies}) == 1:
+                self.queue.observe(merged_cursors(replies, how=min))
         except PsClientError as err:
             seen, unreachable = (), str(err)
         now = time.monotonic()
@@ -206,6 +216,13 @@ class Coordination:
                         self.task.metrics.training.set(0)
                         if reason is diverged:
                             self._roll_back_divergence(reason)
+                            at = divergence.diverged_batch(
+                                self.membership.members(),
+                                workers=self.membership.workers,
+                                epoch=self.membership.epoch,
+                            )
+                            if at is not None:
+                                self.queue.skip(*at)
                         self._recover(client, reason)
                         state = dataclasses.replace(
                             state, epoch=client.epoch, incarnations=tuple(client.incarnations)
@@ -215,6 +232,7 @@ class Coordination:
                     case watch.Progress(step=step):
                         loss = self.progress.update(step)
                     case watch.Stop(step=step):  # the curves end at the last step
+                        self.queue.finish()
                         self.progress.record(
                             step=step, loss=loss, rate=rate(step, last_step, now - last_time)
                         )
@@ -225,14 +243,18 @@ class Coordination:
                             step=target, epoch=client.epoch, incarnations=client.incarnations
                         )
                     case watch.SetWorkers(workers=workers, gone=gone, back=back):
-                        if gone:
+                        left = set(self.membership.workers)
+                        silent = sorted(w for w in gone if w in left)
+                        if silent:
                             log.warning(
                                 "%s sent no heartbeat for %.0f s: continuing without",
-                                ", ".join(sorted(gone)),
+                                ", ".join(silent),
                                 training.workerTimeoutSeconds,
                             )
+                        for worker in gone:
+                            self.queue.reclaim(worker)
                         if back:
-                            log.info("%s is back", ", ".join(sorted(back)))
+                            log.info("%s joins the training", ", ".join(sorted(back)))
                         client.set_workers(list(workers))
                     case watch.GiveUp(reason=reason):
                         log.error(
@@ -253,6 +275,7 @@ class Coordination:
                         timeout=training.progressTimeoutSeconds,
                     )
                 )
+            self._count_data()
             if self.progress.due(step):
                 window = rate(step, last_step, now - last_time)
                 self.progress.record(step=step, loss=loss, rate=window)
@@ -269,6 +292,17 @@ class Coordination:
                 )
                 last_log, last_step, last_time = now, step, now
             self.task.stop.sleep(min(0.2, training.heartbeatSeconds))
+
+    def _count_data(self) -> None:
+        counts, metrics = self.queue.counts(), self.task.metrics
+        metrics.data_epoch.set(counts.epoch)
+        metrics.data_shards.set(counts.shards)
+        metrics.data_shards_done.set(counts.done)
+        metrics.data_shards_leased.set(counts.leased)
+        new = counts.reclaimed - self._reclaimed
+        if new > 0:
+            metrics.data_leases_reclaimed.inc(new)
+            self._reclaimed = counts.reclaimed
 
     def _roll_back_divergence(self, reason: str) -> None:
         """Counts a rollback on divergence; `outcome.DivergedError` past `maxRollbacks`."""

@@ -97,7 +97,7 @@ class Finish:
         done = summary(
             step=step,
             evaluation=evaluation,
-            members=[m for m in self.membership.members() if m.task in self.task.worker_names],
+            members=[m for m in self.membership.members() if m.task in self.membership.workers],
             loss=self.membership.mean_loss(),
             seconds=time.monotonic() - self.started,
             started_from=started_from,

@@ -14,6 +14,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from jaxps_runtime.client.psclient import PsClientError
+from jaxps_runtime.data.shards import ShardPlan
 from jaxps_runtime.process import stopping
 from jaxps_runtime.ps import server
 from jaxps_runtime.train import outcome
@@ -23,6 +24,7 @@ from jaxps_runtime.train.chief.coordination import Coordination, ps_gone
 from jaxps_runtime.train.chief.finish import Finish
 from jaxps_runtime.train.chief.progress import Progress
 from jaxps_runtime.train.coordinator import CoordinatorServicer, Membership
+from jaxps_runtime.train.shardqueue import ShardQueue
 from jaxps_runtime.train.task import Task
 from jaxps_runtime.train.worker import Worker
 from jaxps_runtime.wire import rpc
@@ -84,7 +86,10 @@ class Chief:
             options=list(rpc.SERVER_OPTIONS),
         )
         guard = rpc.guard(task.spec.cluster, job=task.job_id, credentials=task.credentials)
-        servicer = CoordinatorServicer(self.membership, task=task.name)
+        self.queue = ShardQueue(
+            ShardPlan.of(task.dataset, batch_size=task.training.batchSize, seed=task.training.seed)
+        )
+        servicer = CoordinatorServicer(self.membership, task=task.name, queue=self.queue)
         self._server.add_generic_rpc_handlers(
             (rpc.COORDINATOR.generic_handler(servicer, guard=guard),)
         )
@@ -106,7 +111,11 @@ class Chief:
         # Last: its TensorBoard writer's thread starts here, and `run` closes it.
         self.progress = Progress(task, membership=self.membership)
         self.coordination = Coordination(
-            task, membership=self.membership, checkpointer=checkpointer, progress=self.progress
+            task,
+            membership=self.membership,
+            checkpointer=checkpointer,
+            progress=self.progress,
+            queue=self.queue,
         )
 
     def run(self) -> int:

@@ -1,0 +1,168 @@
+"""A worker's data: the shard it leased from the chief's queue, the batch it is at, the next
+shard asked for ahead of time so that asking costs no step.
+
+    feed.batch() -> Position (train it) or None (no shard now: the epoch is ending);
+                    raises TrainingOverError once the queue leases nothing more
+    feed.applied()  the batch is applied on every ps: the next one
+    feed.lost()     a ps refused the lease (taken back): ask for another
+    feed.reset()    the ps tier was rolled back: every lease is void
+    feed.leave(...) give every lease back and leave the job (the worker drains)
+
+Not thread-safe: the worker's loop only; the one background thread it starts only asks the chief
+for the next shard and reports shards done.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+
+from jaxps.v1 import coordinator_pb2 as co_pb2
+from jaxps_runtime.train.coordinator import CoordinatorClient
+from jaxps_runtime.wire import terms
+
+log = logging.getLogger(__name__)
+
+
+class TrainingOverError(Exception):
+    """The queue leases nothing more: training is over."""
+
+
+@dataclass(frozen=True)
+class Position:
+    """One batch to train: which (epoch, batch index in the epoch's order), the shard it is in
+    and the shard's position once it is applied; `skip`: push it without gradients."""
+
+    epoch: int
+    batch: int
+    shard: str
+    cursor: int
+    lease: int
+    skip: bool
+
+
+class Feed:
+    def __init__(self, coordinator: CoordinatorClient, *, name: str) -> None:
+        self._coordinator = coordinator
+        self._name = name
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-feed")
+        self.current: co_pb2.ShardLease | None = None
+        self.at = 0  # the batch of `current` next, in its epoch's order
+        self._ahead: Future[co_pb2.LeaseReply] | None = None
+        self._done: list[int] = []  # leases applied, not reported yet
+        self.waiting = ""  # why there is no shard now
+        self.epoch = 0
+
+    def batch(self) -> Position | None:
+        """The batch to train now; None when the queue has none for this worker right now."""
+        if self.current is None or self.at >= self.current.end:
+            if self.current is not None:
+                self._finished()
+            self.current = self._take()
+            if self.current is None:
+                return None
+            self.at = self.current.first + self.current.start
+            log.debug(
+                "%s: shard %d of epoch %d (lease %d) from batch %d",
+                self._name,
+                self.current.shard,
+                self.current.epoch,
+                self.current.lease,
+                self.at,
+            )
+            if self.at >= self.current.end:
+                return self.batch()
+        lease = self.current
+        if self.at == lease.end - 1 and self._ahead is None:  # the last batch: ask ahead
+            self._ahead = self._pool.submit(self._ask, [], True)
+        return Position(
+            epoch=lease.epoch,
+            batch=self.at,
+            shard=terms.shard_key(lease.epoch, lease.shard),
+            cursor=self.at - lease.first + 1,
+            lease=lease.lease,
+            skip=self.at in lease.skip,
+        )
+
+    def applied(self) -> None:
+        self.at += 1
+
+    def lost(self) -> None:
+        """A ps refused the lease: the shard is someone else's now."""
+        log.info("%s: lease of shard %s was taken back", self._name, self._key())
+        self.current = None
+
+    def reset(self) -> None:
+        """The ps tier was brought up again at a new epoch: leases and reports are void."""
+        self.current, self._done = None, []
+        if self._ahead is not None:
+            self._ahead.cancel()
+            self._ahead = None
+
+    def leave(self, coordinator: CoordinatorClient) -> None:
+        """Gives every lease back (the current one from the batch it is at) and leaves."""
+        returned: dict[int, int] = {}
+        if self.current is not None:
+            returned[self.current.lease] = self.at - self.current.first
+        ahead = self._ahead
+        if ahead is not None and ahead.done() and not ahead.cancelled():
+            try:
+                reply = ahead.result()
+                if reply.HasField("lease"):
+                    returned[reply.lease.lease] = reply.lease.start
+            except grpc.RpcError:
+                pass
+        try:
+            coordinator.lease(done=self._done, returned=returned, want=False, leaving=True)
+            log.info("%s: gave back %d leases and left the job", self._name, len(returned))
+        except grpc.RpcError as err:
+            log.warning("%s: could not give its leases back: %s", self._name, err.details())
+        self.close()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- asking the chief ----------------------------------------------------------------------
+
+    def _key(self) -> str:
+        c = self.current
+        return terms.shard_key(c.epoch, c.shard) if c is not None else "-"
+
+    def _finished(self) -> None:
+        assert self.current is not None
+        self._done.append(self.current.lease)
+        self.current = None
+        if self._ahead is not None:  # report it now, without waiting
+            done, self._done = self._done, []
+            self._pool.submit(self._ask, done, False)
+
+    def _take(self) -> co_pb2.ShardLease | None:
+        ahead, self._ahead = self._ahead, None
+        reply: co_pb2.LeaseReply | None = None
+        if ahead is not None:
+            try:
+                reply = ahead.result()
+            except (grpc.RpcError, RuntimeError):  # RuntimeError: cancelled at shutdown
+                reply = None
+        if reply is None or not reply.HasField("lease"):
+            done, self._done = self._done, []
+            try:
+                reply = self._ask(done, True)
+            except grpc.RpcError as err:  # the chief is away (restarting): ask again later
+                self._done = done + self._done
+                self.waiting = f"the chief's shard queue to answer ({err.code().name})"
+                return None
+        self.epoch = reply.epoch
+        if reply.over:
+            raise TrainingOverError(reply.waiting)
+        if not reply.HasField("lease"):
+            self.waiting = reply.waiting
+            return None
+        self.waiting = ""
+        return reply.lease
+
+    def _ask(self, done: list[int], want: bool) -> co_pb2.LeaseReply:
+        return self._coordinator.lease(done=done, want=want)

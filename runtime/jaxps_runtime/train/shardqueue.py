@@ -1,0 +1,267 @@
+"""The job's one shard queue, held by the chief: which shard of the data each worker trains on.
+
+Each data epoch is cut into shards (`data.shards.ShardPlan`); a worker asks for one (`lease`),
+trains its batches in order, and reports it `done` once every batch's gradients are applied on
+every ps. A worker that leaves gives its leases back with how far it got (`give_back`); a worker
+that died or restarted has them taken back (`reclaim`), from the position the ps tier reports
+for the shard (the lowest over the ps: a ps that applied more refuses those batches as
+"applied", `ps.positions`). Either way the shard goes on from where it stopped, never from its
+start, with a new lease id: a ps refuses pushes of the old lease once the new one pushed.
+
+The queue keeps nothing the ps tier does not hold: the ps record each shard's position with the
+update that moves it, so every checkpoint holds the queue's state with the parameters it
+matches, and `restore` rebuilds the queue from the positions the ps hold after any bring-up
+(adopted, restored or initialised). An epoch starts only once every shard of the one before is
+done, so epochs never overlap and each record is applied once per epoch.
+
+Thread-safe (one lock): the Coordinator's threads call `lease`, `done` and `give_back`, the
+chief's watch `reclaim` and `restore`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from jaxps_runtime.data.shards import ShardPlan
+from jaxps_runtime.wire import terms
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One shard leased to one worker: its batches [first, end), from first + start on."""
+
+    lease: int
+    worker: str
+    epoch: int
+    shard: int
+    first: int
+    end: int
+    start: int
+    skip: tuple[int, ...] = ()  # batches that diverged before: pushed without gradients
+
+    @property
+    def key(self) -> str:
+        return terms.shard_key(self.epoch, self.shard)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What `lease` says: a lease, or why there is none now (`over`: never again)."""
+
+    lease: Lease | None = None
+    waiting: str = ""
+    over: bool = False
+
+
+@dataclass(frozen=True)
+class Counts:
+    """The queue at a glance (metrics, status, logs)."""
+
+    epoch: int
+    shards: int  # per epoch; 0 for a stream
+    done: int
+    leased: int
+    reclaimed: int
+
+
+class ShardQueue:
+    def __init__(self, plan: ShardPlan, *, first_lease: int | None = None) -> None:
+        self.plan = plan
+        self._lock = threading.Lock()
+        # Lease ids grow over the job's life, across chief restarts: a new chief starts above
+        # any id an earlier one gave (microseconds since the epoch of the clock).
+        self._next_lease = first_lease if first_lease is not None else time.time_ns() // 1000
+        self._ready = False
+        self._over = False
+        self._epoch = 0
+        self._applied: dict[int, int] = {}  # shard -> batches applied on every ps (known)
+        self._done: set[int] = set()
+        self._todo: list[int] = []  # shards free to lease, lowest first
+        self._fresh = 0  # streams: the next shard never leased
+        self._leases: dict[int, Lease] = {}
+        self._reclaimed = 0
+        self._observed: dict[str, int] = {}  # the ps tier's positions, as last observed
+        self._skip: set[tuple[int, int]] = set()  # (epoch, batch) that diverged
+
+    # --- the chief ---------------------------------------------------------------------------
+
+    def restore(self, positions: Mapping[str, int]) -> None:
+        """Starts over from the data positions the ps tier holds (the lowest over the ps, by
+        `terms.shard_key`): the newest epoch among them, each shard of it as far as it got.
+        Every lease given before is void (the ps tier was brought up at a new cluster epoch)."""
+        parsed = {
+            p: int(v) for k, v in positions.items() if (p := terms.parse_shard_key(k)) is not None
+        }
+        epoch = max((e for e, _ in parsed), default=0)
+        with self._lock:
+            self._leases.clear()
+            self._start_epoch(epoch, {s: v for (e, s), v in parsed.items() if e == epoch})
+            self._ready = True
+            if self._epoch_complete():
+                self._start_epoch(self._epoch + 1, {})
+        log.info("shard queue at data epoch %d: %s", self._epoch, self._describe())
+
+    def skip(self, epoch: int, batch: int) -> None:
+        """Batch `batch` of data epoch `epoch` diverged (training.onDivergence: rollback): its
+        holders push it without gradients from now on."""
+        with self._lock:
+            self._skip.add((epoch, batch))
+
+    def finish(self) -> None:
+        """Training is over: nothing more is leased."""
+        with self._lock:
+            self._over = True
+
+    def observe(self, positions: Mapping[str, int]) -> None:
+        """The ps tier's data positions (the lowest over the ps), as the chief last saw them."""
+        with self._lock:
+            self._observed = dict(positions)
+
+    def reclaim(self, worker: str) -> list[Lease]:
+        """Takes back every lease of `worker` (dead, restarted or gone); each shard goes on from
+        the position last observed on the ps tier (`observe`) or what the queue knew, whichever
+        is further: a batch applied since is refused as "applied" by the ps that have it."""
+        with self._lock:
+            taken = [lease for lease in self._leases.values() if lease.worker == worker]
+            for lease in taken:
+                del self._leases[lease.lease]
+                self._back(lease, self._observed.get(lease.key, 0))
+                self._reclaimed += 1
+        for lease in taken:
+            log.warning(
+                "took back shard %s from %s (lease %d): it goes on from batch %d of %d",
+                lease.key,
+                worker,
+                lease.lease,
+                self._applied.get(lease.shard, 0),
+                lease.end - lease.first,
+            )
+        return taken
+
+    def holders(self) -> set[str]:
+        with self._lock:
+            return {lease.worker for lease in self._leases.values()}
+
+    def counts(self) -> Counts:
+        with self._lock:
+            return Counts(
+                epoch=self._epoch,
+                shards=self.plan.shards or 0,
+                done=len(self._done),
+                leased=len(self._leases),
+                reclaimed=self._reclaimed,
+            )
+
+    # --- the workers -------------------------------------------------------------------------
+
+    def lease(self, worker: str) -> Answer:
+        """The next shard for `worker`, or why there is none now."""
+        with self._lock:
+            if self._over:
+                return Answer(waiting="training is over", over=True)
+            if not self._ready:
+                return Answer(waiting="the chief to bring the ps tier up")
+            if not self._todo and self._epoch_complete():
+                self._start_epoch(self._epoch + 1, {})
+                log.info("data epoch %d starts: %s", self._epoch, self._describe())
+            if not self._todo and self.plan.shards is None:
+                self._todo.append(self._fresh)
+                self._fresh += 1
+            if not self._todo:
+                return Answer(
+                    waiting=f"data epoch {self._epoch} to end: its last "
+                    f"{len(self._leases)} shards are leased to others"
+                )
+            shard = self._todo.pop(0)
+            first, end = self.plan.span(shard)
+            lease = Lease(
+                lease=self._next_lease,
+                worker=worker,
+                epoch=self._epoch,
+                shard=shard,
+                first=first,
+                end=end,
+                start=self._applied.get(shard, 0),
+                skip=tuple(
+                    sorted(b for e, b in self._skip if e == self._epoch and first <= b < end)
+                ),
+            )
+            self._next_lease += 1
+            self._leases[lease.lease] = lease
+            return Answer(lease=lease)
+
+    def done(self, worker: str, leases: Iterable[int]) -> None:
+        """`worker`'s shards of `leases` are applied on every ps. A lease taken back meanwhile
+        is ignored: the shard's new holder reports it."""
+        with self._lock:
+            for id_ in leases:
+                lease = self._leases.get(id_)
+                if lease is None or lease.worker != worker:
+                    continue
+                del self._leases[id_]
+                self._applied[lease.shard] = lease.end - lease.first
+                self._done.add(lease.shard)
+
+    def give_back(self, worker: str, returned: Mapping[int, int]) -> None:
+        """`worker` leaves: its leases ({lease: batches of its shard applied on every ps}) go
+        back to the queue, each shard from where it got."""
+        with self._lock:
+            for id_, applied in returned.items():
+                lease = self._leases.pop(id_, None)
+                if lease is None or lease.worker != worker:
+                    continue
+                self._back(lease, applied)
+
+    # --- with the lock held ------------------------------------------------------------------
+
+    def _start_epoch(self, epoch: int, applied: Mapping[int, int]) -> None:
+        self._epoch = epoch
+        self._applied = dict(applied)
+        total = self.plan.shards
+        if total is None:  # a stream: shards are leased in order, so every one below the
+            # highest a push reached was leased; those not complete go on, then fresh ones
+            self._fresh = max(applied, default=-1) + 1
+            self._done = {
+                s for s in range(self._fresh) if applied.get(s, 0) >= self._span_length(s)
+            }
+            self._todo = [s for s in range(self._fresh) if s not in self._done]
+            return
+        self._done = {s for s in range(total) if applied.get(s, 0) >= self._span_length(s)}
+        self._todo = [s for s in range(total) if s not in self._done]
+
+    def _span_length(self, shard: int) -> int:
+        first, end = self.plan.span(shard)
+        return end - first
+
+    def _epoch_complete(self) -> bool:
+        total = self.plan.shards
+        return total is not None and len(self._done) >= total and not self._leases
+
+    def _back(self, lease: Lease, applied: int) -> None:
+        """A shard no longer leased and not known done: free again, from where it got."""
+        if lease.epoch != self._epoch or lease.shard in self._done:
+            return
+        at = max(self._applied.get(lease.shard, 0), applied, lease.start)
+        if at >= lease.end - lease.first:
+            self._applied[lease.shard] = at
+            self._done.add(lease.shard)
+            return
+        self._applied[lease.shard] = at
+        if lease.shard not in self._todo:
+            self._todo.append(lease.shard)
+            self._todo.sort()
+
+    def _describe(self) -> str:
+        total = self.plan.shards
+        if total is None:
+            return f"a stream of shards of {self.plan.shard_batches} batches"
+        return (
+            f"{len(self._done)} of {total} shards done ({self.plan.shard_batches} batches of "
+            f"{self.plan.batch_size} each)"
+        )
