@@ -81,6 +81,7 @@ class Worker:
         self.last_heard = time.monotonic()  # the chief's last answer to a heartbeat
         self.diverged: dict[str, float] = {}  # the report of a divergence not rolled back yet
         self.position: Position | None = None  # the batch of the step under way
+        self._first_applied = False  # logged once: when a new worker starts to count
         self._table_rows = {
             v.name: v.shape[0] for v in task.placement.variables if v.name in task.tables
         }
@@ -377,6 +378,15 @@ class Worker:
         words = {terms.refusal_word(r.reason) if not r.accepted else "" for r in replies}
         if words <= _DONE_WORDS:
             self.feed.applied()
+            if not self._first_applied:
+                self._first_applied = True
+                log.info(
+                    "%s: its first gradient is applied (step %d, batch %d of data epoch %d)",
+                    self.task.name,
+                    self.step,
+                    at.batch,
+                    at.epoch,
+                )
             return True
         if words & _LOST_WORDS:
             self.feed.lost()
