@@ -185,7 +185,7 @@ def run_local(args: argparse.Namespace) -> int:
         kills = [local.Kill.parse(k, job=job) for k in args.kill]
         scales = [local.Scale.parse(s, job=job) for s in args.scale]
     except (local.KillSpecError, local.ScaleSpecError) as err:
-        console.print(f"[red]{err}[/red]", highlight=False, markup=False)
+        console.print(str(err), style="red", highlight=False, markup=False)
         return EXIT_INVALID
     try:
         workdir = (
