@@ -256,13 +256,10 @@ class PsClient:
     ) -> tuple[int, dict[str, np.ndarray]]:
         """Every variable whole (or those of `variables`) and the `rows` asked for of tables
         ({variable: row ids}, any order, duplicates allowed), all of one ps read at one step;
-        and the lowest step among the ps tasks.
-
-        `into` (for instance the arrays of the previous read, once they are no longer used)
-        receives the values in place: a training loop that reuses its buffers saves the page
-        faults of 2 x model size of fresh memory per step. The values hold each table of `rows`
-        as the rows asked for, in that order.
-        """
+        and the lowest step among the ps tasks. `into` (say the previous read's arrays, no
+        longer used) receives the values in place: a loop that reuses its buffers saves the page
+        faults of 2 x model size of fresh memory per step. Tables hold the rows asked for, in
+        that order."""
         arrays = self._routes.into(into, variables)
         picks = self._routes.rows(rows or {})
         picked = self._routes.rows_into(rows or {})
@@ -303,19 +300,14 @@ class PsClient:
         min_step: int = 0,
         into: Mapping[str, np.ndarray] | None = None,
     ) -> tuple[int, dict[str, np.ndarray], list[tensor_pb2.FrameHeader]]:
-        """Pushes one gradient to every ps at once: every variable's (or those of `variables`)
-        whole, and gradient `rows` of tables ({variable: (row ids, rows)}; duplicate ids are
-        summed by the ps), with the batch of data it is: `shard` (its `terms.shard_key`), the
-        shard's position once it counts (`cursor`) and the `lease` it was given with (a ps applies
-        each batch once: `ps.positions`). With `then_read`,
-        each ps replies with the values of the same dense variables once it reached `min_step`
-        (into `into`, as `read`): one round trip for a sync step and the next step's read.
-
-        Every ps gets the update, even one holding none of its tensors, so that each counts
-        it. A transient failure is retried with the same push_id, so it is applied once.
-        Returns (the lowest step among the replies, the values read, each ps's reply header:
-        `accepted`, `reason`, `step`).
-        """
+        """Pushes one gradient to every ps (each counts it, holding its tensors or not): every
+        variable's (or `variables'`) whole, and gradient `rows` of tables ({variable: (row ids,
+        rows)}; duplicates summed), as batch `cursor - 1` of data shard `shard` leased with
+        `lease` (each ps applies a batch once: `ps.positions`). With `then_read`, each ps replies
+        with the dense values once at `min_step` (into `into`, as `read`): a sync step's update
+        and the next read in one round trip. A transient failure is retried with the same
+        push_id (applied once). Returns (the lowest step replied, the values read, each ps's
+        reply header: `accepted`, `reason`, `step`)."""
         arrays = self._routes.arrays(grads, what="gradients", variables=variables)
         read_into = self._routes.into(into, arrays) if then_read else {}
         picks = self._routes.rows({name: ids for name, (ids, _) in (rows or {}).items()})

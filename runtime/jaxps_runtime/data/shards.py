@@ -63,6 +63,12 @@ class ShardPlan:
         batches = self.batches
         return None if batches is None else math.ceil(batches / self.shard_batches)
 
+    def __str__(self) -> str:
+        cut = f"shards of {self.shard_batches} batches of {self.batch_size}"
+        if self.examples is None:
+            return f"a stream: {cut}"
+        return f"{self.examples} examples a data epoch, {self.shards} {cut}"
+
     def span(self, shard: int) -> tuple[int, int]:
         """The batches [first, end) of `shard` in its epoch."""
         first = shard * self.shard_batches

@@ -223,7 +223,8 @@ class StreamHandlers:
             for i in range(len(specs))
             if sync and i not in rows
         }
-        return policy.count(Push(push_id, header.step, header.id.task, claim, dense))
+        idle = not specs and claim is None
+        return policy.count(Push(push_id, header.step, header.id.task, claim, dense, idle=idle))
 
     def _require_finite(self, spec: Spec, grad: np.ndarray, *, rows: bool, who: str) -> None:
         if finite(grad):

@@ -61,11 +61,14 @@ class Membership:
         self.step = 0
         self.epoch = 0
         self._told: set[str] = set()  # tasks a reply has told to stop
+        self._left: dict[str, int] = {}  # workers that left: the incarnation that did
 
     def seen(self, request: co_pb2.HeartbeatRequest | co_pb2.RegisterRequest, now: float) -> None:
         task = request.id.task
         with self._lock:
             member = self._members.setdefault(task, Member(task, last_seen=now))
+            if self._left.get(task) == request.task_incarnation:
+                return  # a word from a worker that left, sent before it went: not a return
             if task.startswith("worker-") and task not in self._workers:
                 log.info("%s joins the job", task)
                 self._workers = sorted([*self._workers, task], key=_index)
@@ -97,6 +100,7 @@ class Membership:
             if task not in self._workers:
                 return False
             self._workers.remove(task)
+            self._left[task] = self._members[task].incarnation
             return True
 
     def watching_from(self, now: float) -> None:

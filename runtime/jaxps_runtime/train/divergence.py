@@ -4,6 +4,7 @@ heartbeats to the chief with `training.onDivergence: rollback`, which the chief 
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Collection, Iterable
 from typing import Any
@@ -13,8 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxps_runtime.client.psclient import PsClientError
+from jaxps_runtime.train import outcome
 from jaxps_runtime.train.coordinator import Member
+from jaxps_runtime.train.task import Task
 from jaxps_runtime.wire import terms
+
+log = logging.getLogger(__name__)
 
 DIVERGED_STEP, DIVERGED_BATCH, DIVERGED_EPOCH = "divergedStep", "divergedBatch", "divergedEpoch"
 DIVERGED_DATA_EPOCH = "divergedDataEpoch"
@@ -49,6 +54,23 @@ def what_is_not_finite(loss: float, grads: dict[str, np.ndarray]) -> str:
         return f"the loss is {loss}"
     name = next((n for n, g in grads.items() if not np.isfinite(g).all()), "?")
     return f"the gradient of {name} is not finite (the loss is {loss:.6g})"
+
+
+def on_worker(
+    task: Task, what: str, *, step: int, batch: int, data_epoch: int, epoch: int
+) -> dict[str, float]:
+    """A worker's loss, gradient or update is not finite at `step`, on `batch` of `data_epoch`.
+    With `onDivergence: fail` the job ends (`outcome.DivergedError`); with `rollback` the
+    worker's report (its heartbeats carry it): the chief rolls back and the queue skips that
+    batch from then on."""
+    where = f"at global step {step} (batch {batch} of data epoch {data_epoch})"
+    if task.training.onDivergence != "rollback":
+        raise outcome.DivergedError(
+            f"{task.name}: {what} {where}; lower the learning rate or set "
+            "training.onDivergence: rollback"
+        )
+    log.error("%s: %s %s: reporting it for a rollback", task.name, what, where)
+    return report(step=step, batch=batch, epoch=epoch, data_epoch=data_epoch)
 
 
 def report(*, step: int, batch: int, epoch: int, data_epoch: int) -> dict[str, float]:

@@ -3,8 +3,8 @@ shard asked for ahead of time so that asking costs no step.
 
     feed.batch() -> Position (train it) or None (no shard now: the epoch is ending);
                     raises TrainingOverError once the queue leases nothing more
-    feed.applied()  the batch is applied on every ps: the next one
-    feed.lost()     a ps refused the lease (taken back): ask for another
+    feed.settle(replies)  the ps's answers to its push: the next batch, the same again, or
+                    another shard (a ps took the lease back)
     feed.reset()    the ps tier was rolled back: every lease is void
     feed.leave(...) give every lease back and leave the job (the worker drains)
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -25,6 +26,16 @@ from jaxps_runtime.train.coordinator import CoordinatorClient
 from jaxps_runtime.wire import terms
 
 log = logging.getLogger(__name__)
+
+
+_IN = frozenset({"", terms.APPLIED, "duplicate"})  # the batch is in on that ps
+_LOST = frozenset({terms.REVOKED, terms.GAP})  # the lease is someone else's now
+_NOT_COUNTED = frozenset({terms.REVOKED, terms.GAP, terms.BUSY})
+
+
+def refused_position(replies: list[Any]) -> bool:
+    """A ps refused the push for its data position, not as applied: it did not count there."""
+    return any(not r.accepted and terms.refusal_word(r.reason) in _NOT_COUNTED for r in replies)
 
 
 class TrainingOverError(Exception):
@@ -55,6 +66,7 @@ class Feed:
         self._done: list[int] = []  # leases applied, not reported yet
         self.waiting = ""  # why there is no shard now
         self.epoch = 0
+        self._counted = False  # its first gradient applied: logged once
 
     def batch(self) -> Position | None:
         """The batch to train now; None when the queue has none for this worker right now."""
@@ -87,13 +99,24 @@ class Feed:
             skip=self.at in lease.skip,
         )
 
-    def applied(self) -> None:
-        self.at += 1
-
-    def lost(self) -> None:
-        """A ps refused the lease: the shard is someone else's now."""
-        log.info("%s: lease of shard %s was taken back", self._name, self._key())
-        self.current = None
+    def settle(self, replies: list[Any], *, step: int) -> bool:
+        """The ps's replies to the push of the current batch (`FrameHeader`s). True, and on to
+        the next batch, when every ps has it in (applied now or before); the lease dropped when
+        a ps says the shard is someone else's now; else the batch is pushed again (a sync step
+        closed without it, or another push of it was in flight)."""
+        words = {terms.refusal_word(r.reason) if not r.accepted else "" for r in replies}
+        if words <= _IN:
+            self.at += 1
+            if not self._counted:
+                self._counted = True
+                log.info("%s: its first gradient is applied (step %d)", self._name, step)
+            return True
+        if words & _LOST:
+            log.info("%s: lease of shard %s was taken back", self._name, self._key())
+            self.current = None
+        elif log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: batch %d again: %s", self._name, self.at, sorted(words))
+        return False
 
     def reset(self) -> None:
         """The ps tier was brought up again at a new epoch: leases and reports are void."""

@@ -35,9 +35,8 @@ from jaxps_runtime.config.mode import ModeKind
 from jaxps_runtime.data.shards import ShardPlan
 from jaxps_runtime.process import stopping
 from jaxps_runtime.train import divergence, outcome, timing
-from jaxps_runtime.train.feed import Feed, Position, TrainingOverError
+from jaxps_runtime.train.feed import Feed, Position, TrainingOverError, refused_position
 from jaxps_runtime.train.task import Task
-from jaxps_runtime.wire import terms
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +55,6 @@ RECOVERABLE = frozenset(
 
 
 _DIVERGED = -2  # `_step`'s answer when it reported a divergence for a rollback
-_DONE_WORDS = frozenset({"", terms.APPLIED, "duplicate"})  # the batch is in on that ps
-_LOST_WORDS = frozenset({terms.REVOKED, terms.GAP})  # the lease is someone else's now
 
 
 class Worker:
@@ -70,7 +67,8 @@ class Worker:
         self.plan = ShardPlan.of(
             task.dataset, batch_size=task.training.batchSize, seed=task.training.seed
         )
-        self.feed: Feed | None = None
+        self.coordinator = task.coordinator()
+        self.feed = Feed(self.coordinator, name=task.name)
         self.finished = threading.Event()  # the chief says training is over
         self.step = 0
         self.loss = math.nan
@@ -81,22 +79,25 @@ class Worker:
         self.last_heard = time.monotonic()  # the chief's last answer to a heartbeat
         self.diverged: dict[str, float] = {}  # the report of a divergence not rolled back yet
         self.position: Position | None = None  # the batch of the step under way
-        self._first_applied = False  # logged once: when a new worker starts to count
         self._table_rows = {
             v.name: v.shape[0] for v in task.placement.variables if v.name in task.tables
         }
 
-    def _heartbeats(self, coordinator: Any, *, every: float) -> None:
+    def _beat(self, *, done: bool) -> Any:
+        """One heartbeat: the step, the loss, the step times, what it waits for."""
+        return self.coordinator.heartbeat(
+            step=self.step,
+            loss=self.loss,
+            done=done,
+            metrics={**self.times.means(), **self.diverged},
+            examples_per_second=self.times.examples_per_second(),
+            waiting="" if done else self.waiting,
+        )
+
+    def _heartbeats(self, *, every: float) -> None:
         while not self.finished.wait(every):
             self.task.metrics.examples_per_second.set(self.times.examples_per_second())
-            state = coordinator.heartbeat(
-                step=self.step,
-                loss=self.loss,
-                done=self.drained,
-                metrics={**self.times.means(), **self.diverged},
-                examples_per_second=self.times.examples_per_second(),
-                waiting=self.waiting,
-            )
+            state = self._beat(done=self.drained)
             if state is not None:
                 self.last_heard = time.monotonic()
             if state is not None and state.stop:
@@ -105,7 +106,7 @@ class Worker:
 
     def run(self) -> int:
         training = self.task.training
-        coordinator = self.task.coordinator()
+        coordinator = self.coordinator
         beat: threading.Thread | None = None
         trained = False
         try:
@@ -114,23 +115,14 @@ class Worker:
             # long the chief takes to initialise them.
             beat = threading.Thread(
                 target=self._heartbeats,
-                args=(coordinator,),
                 kwargs={"every": training.heartbeatSeconds},
                 daemon=True,
             )
             beat.start()
             self.waiting = "every ps to be ready (the chief initialises or restores them)"
             self.step = self.client.wait_ready(timeout=training.startupTimeoutSeconds)
-            self.feed = Feed(coordinator, name=self.task.name)
-            log.info(
-                "%s: ps ready at step %d (epoch %d); training %s on the shards the chief "
-                "leases (%s)",
-                self.task.name,
-                self.step,
-                self.client.epoch,
-                training.mode,
-                _describe(self.plan),
-            )
+            where = f"{self.task.name}: ps ready at step {self.step} (epoch {self.client.epoch})"
+            log.info("%s; training %s on the chief's shards (%s)", where, training.mode, self.plan)
             self._loop()
             while self._drain():
                 self._loop()
@@ -142,20 +134,13 @@ class Worker:
                 raise
             log.info("%s: drained on %s: exit 0", self.task.name, self.task.stop.reason)
         finally:
-            if self.feed is not None:
-                self.feed.close()
+            self.feed.close()
             self.finished.set()
             if beat is not None:
                 beat.join(timeout=10)
                 # a stopped or failed worker did not finish: no "done"
                 if trained and not self.task.stop.is_set:
-                    coordinator.heartbeat(
-                        step=self.step,
-                        loss=self.loss,
-                        done=True,
-                        metrics=self.times.means(),
-                        examples_per_second=self.times.examples_per_second(),
-                    )
+                    self._beat(done=True)
             coordinator.close()
             self.client.close()
         log.info("%s: done at step %d, loss %.4f", self.task.name, self.step, self.loss)
@@ -215,29 +200,22 @@ class Worker:
                     step,
                 )
                 self.step, self.drained = step, False
-                if self.feed is not None:
-                    self.feed.reset()
+                self.feed.reset()
                 self._pulled = None
                 return True
         return False
 
     def _diverge(self, what: str) -> None:
-        """The loss, a gradient or an update is not finite at this step and batch. With
-        `onDivergence: fail`, the job ends (`outcome.DivergedError`); with `rollback`, the
-        worker reports it to the chief (heartbeats), skips this batch from now on, and returns
-        to wait for the ps tier's rollback (`_recover`)."""
-        training, task = self.task.training, self.task
+        """The loss, a gradient or an update is not finite at this step and batch: the job
+        ends, or the worker reports it for a rollback (`divergence.on_worker`)."""
         at = self.position
-        batch, data_epoch = (at.batch, at.epoch) if at is not None else (-1, -1)
-        where = f"at global step {self.step} (batch {batch} of data epoch {data_epoch})"
-        if training.onDivergence != "rollback":
-            raise outcome.DivergedError(
-                f"{task.name}: {what} {where}; lower the learning rate or set "
-                "training.onDivergence: rollback"
-            )
-        log.error("%s: %s %s: reporting it for a rollback", task.name, what, where)
-        self.diverged = divergence.report(
-            step=self.step, batch=batch, epoch=self.client.epoch, data_epoch=data_epoch
+        self.diverged = divergence.on_worker(
+            self.task,
+            what,
+            step=self.step,
+            batch=at.batch if at else -1,
+            data_epoch=at.epoch if at else -1,
+            epoch=self.client.epoch,
         )
 
     def _recover(self, err: PsClientError | str) -> bool:
@@ -264,23 +242,19 @@ class Worker:
                 self.task.stop.sleep(min(0.2, self.task.training.heartbeatSeconds))
                 continue
             self.diverged = {}
-            if self.feed is not None:
-                self.feed.reset()  # the queue starts over from the ps tier's positions
+            self.feed.reset()  # the queue starts over from the ps tier's positions
+            seconds = time.monotonic() - started
             log.info(
-                "%s: ps tier ready again at step %d (epoch %d) after %.1f s",
+                "%s: ps tier ready again at step %d after %.1f s",
                 self.task.name,
                 self.step,
-                self.client.epoch,
-                time.monotonic() - started,
+                seconds,
             )
             return True
         return False
 
     def _leave(self) -> None:
-        """Drains: the last push is in (`stopping` lets it finish); the leases go back to the
-        queue from where they got, over a channel of its own (the task's closed on the stop)."""
-        if self.feed is None:
-            return
+        """Drains: gives the leases back over a channel of its own (the task's closed)."""
         coordinator = self.task.coordinator(stop=stopping.Stop())
         try:
             self.feed.leave(coordinator)
@@ -291,7 +265,6 @@ class Worker:
         """One training step; returns the next pull's min_step, -1 when training is over, or
         `_DIVERGED` when it reported a divergence (onDivergence: rollback)."""
         training, task = self.task.training, self.task
-        assert self.feed is not None
         started = time.perf_counter()
         self.waiting = "a shard of the data from the chief's queue (Lease)"
         try:
@@ -299,8 +272,13 @@ class Worker:
         except TrainingOverError:
             return -1
         task.metrics.data_epoch.set(self.feed.epoch)
-        if at is None:
-            return self._idle(min_step=min_step, sync=sync)
+        if at is None:  # no shard now (the epoch ends while others finish theirs)
+            if sync:  # the step waits for every live worker: its share is nothing
+                return self._push_nothing(None, min_step=min_step, sync=sync)
+            if training.mode is ModeKind.BOUNDED_STALENESS:  # it holds nobody back
+                self._push_nothing(None, min_step=0, sync=sync)
+            task.stop.sleep(min(0.05, training.heartbeatSeconds))
+            return 0
         if at.skip:  # diverged before: the position moves past it, no gradient
             return self._push_nothing(at, min_step=min_step, sync=sync)
         self.waiting = f"batch {at.batch} of data epoch {at.epoch} from the dataset"
@@ -332,12 +310,9 @@ class Worker:
             self._diverge(divergence.what_is_not_finite(self.loss, named))
             return _DIVERGED
         computed = time.perf_counter()
-        # One Update per ps, the embedding rows included. Sync without tables: the update,
-        # then the values of the next step (exactly what the next read would wait for).
-        # Otherwise the update alone: the next step reads the values (and its rows) afresh at
-        # its start, as TensorFlow's workers do, because values read right after one's own
-        # update miss the other workers' updates of the meantime (staler gradients; async
-        # Adam visibly oscillates).
+        # One Update per ps, rows included. Sync without tables: then the next step's values
+        # (what its read would wait for). Otherwise the next step reads afresh, as TensorFlow's
+        # workers do: values read right after one's own update miss the others' (staler).
         keep = sync and not rows
         self.waiting = (
             f"the other workers' gradients of step {step} (sync Update)"
@@ -356,8 +331,8 @@ class Worker:
             min_step=step + 1 if keep else 0,
             into=self._buffers,
         )
-        applied = self._applied(replies, at)
-        if keep and (applied or not _refused_position(replies)):
+        applied = self.feed.settle(replies, step=step)
+        if keep and (applied or not refused_position(replies)):
             self._buffers, self._pulled = values, next_step
         pushed = time.perf_counter()
         task.metrics.loss.set(self.loss)
@@ -368,87 +343,48 @@ class Worker:
             examples=len(next(iter(batch.values()))) if batch else 0,
             step=step,
         )
-        return self._next_min_step(replies, step=step, sync=sync)
-
-    def _applied(self, replies: list[Any], at: Position) -> bool:
-        """Moves the feed on when every ps has the batch in (applied now or before); drops the
-        lease when a ps says it is someone else's. False: the batch is pushed again (a sync
-        step closed without it, or another push of it was in flight)."""
-        assert self.feed is not None
-        words = {terms.refusal_word(r.reason) if not r.accepted else "" for r in replies}
-        if words <= _DONE_WORDS:
-            self.feed.applied()
-            if not self._first_applied:
-                self._first_applied = True
-                log.info(
-                    "%s: its first gradient is applied (step %d, batch %d of data epoch %d)",
-                    self.task.name,
-                    self.step,
-                    at.batch,
-                    at.epoch,
-                )
-            return True
-        if words & _LOST_WORDS:
-            self.feed.lost()
-        elif log.isEnabledFor(logging.DEBUG):
-            log.debug("%s: batch %d again: %s", self.task.name, at.batch, sorted(words))
-        return False
-
-    def _next_min_step(self, replies: list[Any], *, step: int, sync: bool) -> int:
-        if any(r.step >= self.task.training.steps for r in replies):
-            return self.task.training.steps
-        if _refused_position(replies):  # it did not count: the step may wait for it
-            return 0
-        return step + 1 if sync else 0
+        return _next_min_step(replies, step=step, sync=sync, steps=training.steps)
 
     def _push_nothing(self, at: Position | None, *, min_step: int, sync: bool) -> int:
-        """A push with no gradient: a skipped batch's position (`at`), or, with no batch, sync's
-        share of the step (the step waits for every live worker)."""
-        self.waiting = f"the ps tier's step >= {min_step} (Read)"
-        step, _ = self.client.read(min_step=min_step, variables=[])
-        self.step = step
-        if step >= self.task.training.steps:
-            return -1
-        _, _, replies = self.client.update(
-            {},
-            step=step,
-            variables=[],
-            shard=at.shard if at else "",
-            cursor=at.cursor if at else 0,
-            lease=at.lease if at else 0,
-        )
-        if at is not None:
-            self._applied(replies, at)
+        """A push with no gradient: a skipped batch's position (`at`), or, with no batch, this
+        worker's share of a sync step (or, bounded staleness, a word that it holds nobody back)."""
+        self.waiting = f"the ps tier's step >= {min_step} (Read)" if at else self.feed.waiting
         self._pulled = None
-        return self._next_min_step(replies, step=step, sync=sync)
+        steps = self.task.training.steps
+        self.step, replies = _empty_push(self.client, at, min_step=min_step, steps=steps)
+        if self.step >= steps:
+            return -1
+        if at is not None:
+            self.feed.settle(replies, step=self.step)
+        return _next_min_step(replies, step=self.step, sync=sync, steps=steps)
 
-    def _idle(self, *, min_step: int, sync: bool) -> int:
-        """No shard for this worker now (the data epoch ends while others finish theirs)."""
-        assert self.feed is not None
-        self.waiting = self.feed.waiting
-        if sync:
-            return self._push_nothing(None, min_step=min_step, sync=sync)
-        self.task.stop.sleep(min(0.05, self.task.training.heartbeatSeconds))
+
+def _empty_push(
+    client: Any, at: Position | None, *, min_step: int, steps: int
+) -> tuple[int, list[Any]]:
+    """Reads the step (from `min_step` on), then pushes no tensor at it: `at`'s position, or
+    nothing at all (an idle worker). The step, and each ps's reply (none past the last step)."""
+    step, _ = client.read(min_step=min_step, variables=[])
+    if step >= steps:
+        return step, []
+    _, _, replies = client.update(
+        {},
+        step=step,
+        variables=[],
+        shard=at.shard if at else "",
+        cursor=at.cursor if at else 0,
+        lease=at.lease if at else 0,
+    )
+    return step, replies
+
+
+def _next_min_step(replies: list[Any], *, step: int, sync: bool, steps: int) -> int:
+    """The step the next read waits for after an update of `step`."""
+    if any(r.step >= steps for r in replies):
+        return steps
+    if refused_position(replies):  # it did not count: the step may wait for it
         return 0
-
-
-def _refused_position(replies: list[Any]) -> bool:
-    """A ps refused the push for its data position, not as applied: it did not count there."""
-    return any(
-        not r.accepted and terms.refusal_word(r.reason) in _REFUSED_POSITION for r in replies
-    )
-
-
-_REFUSED_POSITION = frozenset({terms.REVOKED, terms.GAP, terms.BUSY})
-
-
-def _describe(plan: ShardPlan) -> str:
-    if plan.shards is None:
-        return f"a stream: shards of {plan.shard_batches} batches of {plan.batch_size}"
-    return (
-        f"{plan.examples} examples a data epoch, {plan.shards} shards of {plan.shard_batches} "
-        f"batches of {plan.batch_size}"
-    )
+    return step + 1 if sync else 0
 
 
 def _wanted_rows(

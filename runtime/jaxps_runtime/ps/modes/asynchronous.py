@@ -49,6 +49,12 @@ class Async:
             self._reserved = max(self._reserved - 1, 0)
 
     def count(self, push: Push) -> PushResult:
+        if push.idle:
+            with self.store.changed:
+                self._reserved = max(self._reserved - 1, 0)
+                self.idle(push.worker)
+                self.store.changed.notify_all()
+                return PushResult(True, self.store.step, "idle: no data, no step")
         with self.store.lock:
             self._reserved = max(self._reserved - 1, 0)
             claims = [push.claim] if push.claim is not None else []
@@ -64,6 +70,9 @@ class Async:
 
     def count_applied(self, worker: str, step: int) -> None:
         return None
+
+    def idle(self, worker: str) -> None:
+        """With store.lock held: `worker` has no data now."""
 
     def counted(self, worker: str) -> None:
         """With store.lock held, right after `worker`'s push counted."""

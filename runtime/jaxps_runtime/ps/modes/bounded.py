@@ -29,6 +29,12 @@ class Bounded(Async):
                     self._clocks[worker] = max(self._clocks.get(worker, 0), start)
         super().set_workers(workers)
 
+    def idle(self, worker: str) -> None:
+        """A worker with no data holds nobody back: it counts as level with the fastest."""
+        if worker:
+            live = [self._clocks.get(w, 0) for w in self.workers]
+            self._clocks[worker] = max([*live, self._clocks.get(worker, 0)])
+
     def counted(self, worker: str) -> None:
         if worker:
             self._clocks[worker] = self._clocks.get(worker, 0) + 1

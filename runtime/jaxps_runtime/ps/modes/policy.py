@@ -87,6 +87,10 @@ class Push:
     worker: str
     claim: Claim | None
     dense: Mapping[str, tuple[Held, np.ndarray]]
+    # No tensor and no batch: the worker has no data now (a data epoch ends while others
+    # finish theirs). Sync counts it as the worker's share of the step; the other modes count
+    # no step, and bounded staleness no longer holds anyone back for that worker.
+    idle: bool = False
 
 
 class Policy(Protocol):
