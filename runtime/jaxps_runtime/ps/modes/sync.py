@@ -46,7 +46,11 @@ class Sync:
         self._sealed = False
 
     def _expected(self) -> int:
-        return max(1, self.mode.replicas_to_aggregate or len(self.workers))
+        """The gradients a step waits for: one per live worker, or `replicas_to_aggregate` of
+        them while that many live (never more: a step never waits on a worker that is gone)."""
+        live = len(self.workers)
+        wanted = self.mode.replicas_to_aggregate
+        return max(1, min(wanted, live) if wanted and live else wanted or live)
 
     def step_problem(self, step: int) -> str | None:
         """Sync aggregates the current step's gradients only: an older step is stale (`admit`
