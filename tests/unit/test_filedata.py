@@ -8,15 +8,21 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
 
+from jaxps_runtime import roles
+from jaxps_runtime.config import cluster
 from jaxps_runtime.config import training as config
 from jaxps_runtime.config.catalog import ModelError
 from jaxps_runtime.data import arrays
 from jaxps_runtime.data import builtin as datasets
 from jaxps_runtime.data import files as filedata
-from tests.unit.test_roles import _start
+from jaxps_runtime.data.shards import ShardPlan
+from jaxps_runtime.process.metrics import Metrics
+from jaxps_runtime.train.task import Task
+from tests.unit.test_roles import WORKER_1, _start
 
 
 def write_idx(path: Path, array: np.ndarray, *, gz: bool = False) -> None:
@@ -157,19 +163,42 @@ def test_a_shape_the_model_does_not_take_fails_at_start_naming_both(
     assert "x: float32[32, 16]" in line
 
 
-def test_a_dataset_smaller_than_the_workers_fails_at_start(
-    tmp_path: Path, termination_log: Path
+def test_a_dataset_smaller_than_one_batch_and_than_the_workers_still_trains(
+    tmp_path: Path,
 ) -> None:
-    np.savez(tmp_path / "one.npz", x=np.zeros((2, 1), np.float32), y=np.zeros(2, np.float32))
-    training = {
-        "model": {"name": "linear", "kwargs": {"features": 1}},
-        "dataset": {
-            "name": "arrays",
-            "kwargs": {"path": str(tmp_path / "one.npz"), "testFraction": 0.5},
+    # Any worker reads any batch of the shard queue's (`data.shards`): two workers and one
+    # training example are no problem at start, and each epoch is one partial batch.
+    np.savez(
+        tmp_path / "one.npz",
+        x=np.array([[3.0], [5.0]], np.float32),
+        y=np.array([1.0, 2.0], np.float32),
+    )
+    training = config.parse(
+        {
+            "model": {"name": "linear", "kwargs": {"features": 1}},
+            "dataset": {
+                "name": "arrays",
+                "kwargs": {"path": str(tmp_path / "one.npz"), "testFraction": 0.5},
+            },
         },
-    }
-    assert _start(json.dumps(training)) == config.EXIT_INVALID_TRAINING
-    assert "2 workers but only 1 training examples" in termination_log.read_text()
+        path="JAXPS_TRAINING",
+    )
+    spec = cluster.from_env({"TF_CONFIG": json.dumps(WORKER_1)})
+    assert spec is not None
+    assert spec.cluster.num_tasks(cluster.WORKER) == 2
+    state = Task(spec=spec, training=training, job_id="job", metrics=Metrics(task=spec.task.name))
+    assert roles._start_problems(state, where="JAXPS_TRAINING") == []
+    plan = ShardPlan.of(state.dataset, batch_size=training.batchSize, seed=training.seed)
+    assert training.batchSize > 1
+    assert (plan.examples, plan.batches, plan.shards) == (1, 1, 1)
+    for epoch in (0, 1, 2):
+        batch = plan.read(state.dataset, epoch=epoch, batch=0)
+        assert batch["x"].tolist() == [[3.0]]  # the one training row, every epoch
+        assert batch["y"].tolist() == [1.0]
+    params = state.model.init(jax.random.PRNGKey(training.seed))
+    loss, grads = jax.value_and_grad(state.model.loss)(params, batch)
+    assert np.isfinite(float(loss))
+    assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree_util.tree_leaves(grads))
 
 
 USER_DATA = """
