@@ -1,7 +1,9 @@
 """Jobs on the user's files: MNIST-layout IDX files and a Parquet click log train to Succeeded
-with `jaxps local`, a worker killed mid-run included, and every batch a worker trained on is
-recorded (a `dataset.module` wrapping jaxps' own dataset of the files) to show that none was
-used twice or left out across the restart."""
+with `jaxps local`, a worker killed mid-run included, and every batch the job read is recorded
+(a `dataset.module` wrapping jaxps' own dataset of the files) to show that the workers read the
+shard queue's batches, whichever worker read them, and that no batch of the first data epoch
+was left out across the restart. (That each is applied once, not read once, is
+test_exactly_once's: a batch read by a worker killed before its push counts is read again.)"""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from jaxps_runtime.data.shards import ShardPlan
 from tests.process import harness
 from tests.process.test_local import EXAMPLES, ROOT, alive_with_job_name, jaxps_local
 from tests.unit.test_filedata import write_idx
@@ -92,19 +95,17 @@ class Recorder:
 
     def __init__(self, inner, log):
         self.inner, self.log = inner, log
+        self.num_train = inner.num_train
         self.task = "{type}-{index}".format(**json.loads(os.environ["TF_CONFIG"])["task"])
 
-    def train_batch(self, *, worker, num_workers, step, batch_size):
-        rows = self.inner.train_indices(
-            worker=worker, num_workers=num_workers, step=step, batch_size=batch_size
-        )
-        line = {"task": self.task, "pid": os.getpid(), "worker": worker, "step": step,
-                "ids": rows.tolist()}
+    def examples(self, rows):
+        line = {"task": self.task, "pid": os.getpid(), "ids": rows.tolist()}
         with open(self.log, "a") as out:
             out.write(json.dumps(line) + "\\n")
-        return self.inner.train_batch(
-            worker=worker, num_workers=num_workers, step=step, batch_size=batch_size
-        )
+        return self.inner.examples(rows)
+
+    def train_batch(self, *, worker, num_workers, step, batch_size):
+        raise AssertionError("the shard queue reads batches by rows (examples)")
 
     def test(self):
         return self.inner.test()
@@ -115,21 +116,12 @@ def make(source, options, log):
 """
 
 
-def reads_by_life(log: Path, worker: int) -> list[list[tuple[int, list[int]]]]:
-    """(step, example ids) of each batch worker `worker` trained on, one list per process.
-    Every task reads worker 0's first batch once as it starts (its start-up check of the
-    batch against the model), before any training: that read is left out."""
-    lives: dict[int, list[tuple[int, list[int]]]] = {}
-    checked: set[int] = set()
-    for line in log.read_text().splitlines():
-        read = json.loads(line)
-        if read["pid"] not in checked:
-            checked.add(read["pid"])
-            continue
-        if read["task"] == f"worker-{worker}":
-            assert read["worker"] == worker, read
-            lives.setdefault(read["pid"], []).append((read["step"], read["ids"]))
-    return list(lives.values())
+def reads(log: Path) -> list[tuple[str, int, tuple[int, ...]]]:
+    """(task, pid, rows) of every batch read, in the order of the log."""
+    return [
+        (read["task"], read["pid"], tuple(read["ids"]))
+        for read in map(json.loads, log.read_text().splitlines())
+    ]
 
 
 @pytest.mark.parametrize("source", ["idx", "parquet"])
@@ -141,7 +133,7 @@ def test_a_job_on_files_trains_through_a_killed_worker_using_each_batch_once(
         (tmp_path / "mnist").mkdir()
         model = {"name": "mlp", "kwargs": {"inputs": 784, "hidden": [32]}}
         options: dict[str, Any] = {"dir": str(learnable_mnist(tmp_path / "mnist"))}
-        shard = 1200 // 2
+        examples = 1200
     else:
         model = {"name": "mlp", "kwargs": {"inputs": 13, "hidden": [16], "classes": 2}}
         options = {
@@ -149,17 +141,17 @@ def test_a_job_on_files_trains_through_a_killed_worker_using_each_batch_once(
             "columns": {"x": "dense", "y": "clicked"},
             "testFraction": 0.1,
         }
-        shard = 1800 // 2
+        examples = 1800  # 2000 rows, the last 10% held out
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "idsrecorder.py").write_text(RECORDER)
-    reads = tmp_path / "reads.jsonl"
+    log = tmp_path / "reads.jsonl"
     manifest = job(
         name,
         mode="sync" if source == "idx" else "async",  # each mode once: cursors land differently
         model=model,
         dataset={
             "module": "idsrecorder:make",
-            "kwargs": {"source": source, "options": options, "log": str(reads)},
+            "kwargs": {"source": source, "options": options, "log": str(log)},
         },
     )
     path = tmp_path / "job.yaml"
@@ -173,33 +165,24 @@ def test_a_job_on_files_trains_through_a_killed_worker_using_each_batch_once(
     assert status["progress"]["eval"]["accuracy"] >= 0.9, status["progress"]
     assert not alive_with_job_name(name)
 
-    per_epoch = shard // 32  # whole batches in a worker's first pass over its shard
-    first_epoch: list[set[int]] = []
-    for worker in (0, 1):
-        lives = reads_by_life(reads, worker)
-        assert len(lives) == (2 if worker == 1 else 1), [len(life) for life in lives]
-        # Each life reads its batches in order, none twice, none left out; the first from 0.
-        for life in lives:
-            steps = [step for step, _ in life]
-            assert steps == list(range(steps[0], steps[0] + len(steps))), steps
-        assert lives[0][0][0] == 0
-        if worker == 1:
-            before, after = lives
-            last, resumed = before[-1][0], after[0][0]
-            # The restart goes on right after the last batch whose gradient reached the ps:
-            # the batch it was killed on is read again only if its push never counted.
-            assert resumed in (last, last + 1), (last, resumed)
-            if resumed == last:
-                assert after[0][1] == before[-1][1]  # the very same examples
-        ids: dict[int, list[int]] = {}
-        for life in lives:
-            for step, rows in life:
-                assert ids.setdefault(step, rows) == rows  # a batch is a function of its step
-        assert len(ids) >= per_epoch, len(ids)
-        epoch = [row for step in range(per_epoch) for row in ids[step]]
-        assert len(set(epoch)) == len(epoch)  # no example twice within a pass over the shard
-        first_epoch.append(set(epoch))
-    assert not first_epoch[0] & first_epoch[1]  # the workers' shards do not overlap
+    # Every batch read is one of the shard queue's: (data epoch, batch) -> rows, as every task
+    # of the job cuts the data (training.seed 0, batchSize 32).
+    plan = ShardPlan(examples=examples, batch_size=32, shard_batches=1, seed=0)
+    assert plan.batches is not None
+    where = {
+        tuple(plan.rows(epoch, batch).tolist()): (epoch, batch)
+        for epoch in range(40)  # more than a 600-step job can go through
+        for batch in range(plan.batches)
+    }
+    read = reads(log)
+    placed = [where.get(rows) for _, _, rows in read]
+    assert None not in placed, "a batch read that is no batch of the shard queue's"
+    # The first data epoch was read whole: no batch of it left out across the restart.
+    assert {b for e, b in filter(None, placed) if e == 0} == set(range(plan.batches))
+    # Both workers read, worker-1 in two lives (the kill).
+    pids = {task: {pid for t, pid, _ in read if t == task} for task in ("worker-0", "worker-1")}
+    assert len(pids["worker-0"]) == 1, pids
+    assert len(pids["worker-1"]) == 2, pids
 
 
 def test_the_mnist_example_reads_mnist_idx_files_when_they_are_there(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from jaxps_runtime.client import placement
 from jaxps_runtime.config import cluster
 from jaxps_runtime.config import training as config
 from jaxps_runtime.data import builtin as datasets
+from jaxps_runtime.data.shards import ShardPlan
 from jaxps_runtime.model import builtin as models
 from jaxps_runtime.train.task import Task
 from tests.process import harness
@@ -61,9 +62,19 @@ def test_sync_mlp_on_digits_reaches_95_percent_and_every_process_exits_0(
 
 
 def _reference_sync(training: config.TrainingConfig, *, workers: int) -> dict[str, np.ndarray]:
-    """One process taking the same averaged steps: the mean of every worker's gradient."""
+    """One process taking the same averaged steps: the mean of every worker's gradient.
+
+    The workers train on the shards the chief's queue leases, in order: in sync they go in
+    lockstep, so the `workers` shards leased together (each worker asks for its next while it
+    trains its shard's last batch) are the next `workers` of the epoch, and step s trains the
+    same batch of each of them. Which worker holds which shard does not matter: the mean is
+    the same. Valid while every step stays in data epoch 0's full shards."""
     model = models.build_model(name=training.model.name, kwargs=training.model.kwargs)
     data = datasets.build_dataset(name=training.dataset.name, seed=training.seed)
+    plan = ShardPlan.of(data, batch_size=training.batchSize, seed=training.seed)
+    per_shard = plan.shard_batches
+    assert plan.batches is not None
+    assert training.steps * workers <= plan.batches - plan.batches % (per_shard * workers)
     params = model.init(jax.random.PRNGKey(training.seed))
     names = placement.named_leaves(params)[1]
     values = {n: np.asarray(v) for n, v in names.items()}
@@ -72,11 +83,11 @@ def _reference_sync(training: config.TrainingConfig, *, workers: int) -> dict[st
     states = {n: tx.init(v) for n, v in values.items()}  # one state per leaf, as on the ps
     grad = jax.jit(jax.value_and_grad(model.loss))
     for step in range(training.steps):
+        lease_round, at = divmod(step, per_shard)
         total: dict[str, np.ndarray] = {}
         for w in range(workers):
-            batch = data.train_batch(
-                worker=w, num_workers=workers, step=step, batch_size=training.batchSize
-            )
+            shard = lease_round * workers + w
+            batch = plan.read(data, epoch=0, batch=shard * per_shard + at)
             _, g = grad(layout.unflatten(values), batch)
             for n, leaf in placement.named_leaves(g)[1].items():
                 part = np.array(leaf, dtype=np.float32)
@@ -91,7 +102,7 @@ def _reference_sync(training: config.TrainingConfig, *, workers: int) -> dict[st
 def test_sync_training_equals_one_process_taking_the_averaged_steps(
     jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
-    raw = {**MLP, "mode": "sync", "steps": 40, "seed": 7, "exportPath": str(tmp_path / "final.npz")}
+    raw = {**MLP, "mode": "sync", "steps": 20, "seed": 7, "exportPath": str(tmp_path / "final.npz")}
     _run(jobs, tmp_path, raw, ps=2, workers=2)
     distributed = dict(np.load(tmp_path / "final.npz"))
     reference = _reference_sync(config.parse(raw), workers=2)
