@@ -263,12 +263,6 @@ def test_bounded_staleness_a_joining_worker_does_not_hold_the_others_back(
     second.join()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: ps/modes/bounded.py set_workers starts a joining worker at the slowest of the "
-    "live set before the change, a worker leaving in the same change included: it starts behind "
-    "every worker that stays and holds them back; the start should be the slowest that stays",
-)
 def test_bounded_staleness_a_worker_joining_as_the_slowest_leaves_holds_nobody_back(
     store: ParameterStore,
 ) -> None:

@@ -128,12 +128,6 @@ def test_a_push_of_epoch_0_forgets_nothing() -> None:
     assert positions.snapshot() == {"0:0": 4, "0:1": 1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: ps/positions.py `_forget_before` drops an older epoch's positions and leases, "
-    "so a zombie's push of the first batch of a shard of that epoch is claimed (and applied) "
-    "again; claim should refuse any shard of an epoch older than the newest settled",
-)
 def test_a_push_of_a_forgotten_older_epoch_is_never_applied_again() -> None:
     positions = Positions()
     positions.settle([_claimed(positions, shard="0:4", cursor=1, lease=3)])

@@ -5,8 +5,6 @@ without an end, batches that diverged skipped, and nothing leased once training 
 
 from __future__ import annotations
 
-import pytest
-
 from jaxps_runtime.data.shards import ShardPlan
 from jaxps_runtime.train.shardqueue import Lease, ShardQueue
 
@@ -106,11 +104,6 @@ def test_a_lease_given_back_that_is_not_the_workers_own_is_ignored() -> None:
     assert queue.counts().done == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: train/shardqueue.py give_back pops the lease before it checks the worker: a "
-    "lease named by another worker is dropped, neither leased nor free, and its epoch never ends",
-)
 def test_a_lease_given_back_by_another_worker_stays_its_holders() -> None:
     queue = _queue()
     first = _lease(queue, "worker-0")
@@ -155,13 +148,6 @@ def test_a_shard_reclaimed_whole_is_done() -> None:
     assert _lease(queue).shard == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: train/shardqueue.py restore keeps the positions observed before it: after a "
-    "rollback, a reclaim before the next observe resumes a shard past the ps tier's position "
-    "(batches never trained, every push of it refused as a gap); restore should observe the "
-    "positions it restores from",
-)
 def test_a_reclaim_after_a_rollback_goes_on_from_the_restored_positions() -> None:
     queue = _queue()
     _lease(queue, "worker-0")

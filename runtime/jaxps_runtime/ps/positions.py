@@ -14,7 +14,8 @@ Before a byte of it is read, `claim` decides:
   with the step, under the store's lock, so a snapshot holds the positions its values match)
   or fails (`drop`).
 Positions of older data epochs are forgotten once a push of a newer one counts: the chief's
-queue starts an epoch only when every shard of the one before is applied on every ps.
+queue starts an epoch only when every shard of the one before is applied on every ps, so a push
+of an older epoch than the newest settled here is answered `APPLIED` (a zombie's, never again).
 
 Not thread-safe by itself: the store calls it with its lock held.
 """
@@ -41,17 +42,26 @@ class Positions:
         self._at: dict[str, int] = {}
         self._leases: dict[str, int] = {}
         self._flying: set[tuple[str, int]] = set()
+        self._floor = 0  # the newest data epoch settled here: older ones are all applied
         self.reset(positions or {})
 
     def reset(self, positions: Mapping[str, int]) -> None:
         """Starts over from `positions` (an Init: none; a Restore: the checkpoint's)."""
         self._at = {k: int(v) for k, v in positions.items() if terms.parse_shard_key(k)}
         self._leases, self._flying = {}, set()
+        self._floor = max((self._epoch(k) for k in self._at), default=0)
+
+    @staticmethod
+    def _epoch(key: str) -> int:
+        parsed = terms.parse_shard_key(key)
+        return parsed[0] if parsed else -1
 
     def claim(self, *, shard: str, cursor: int, lease: int) -> Claim | str:
         """The claim of the batch `cursor - 1` of `shard`, or the refusal's reason."""
         if terms.parse_shard_key(shard) is None or cursor < 1:
             return f"{terms.GAP}: {shard!r} at {cursor} is no position of a data shard"
+        if self._epoch(shard) < self._floor:
+            return f"{terms.APPLIED}: data epoch {self._epoch(shard)} is over here"
         newest = self._leases.get(shard, 0)
         if lease < newest:
             return (
@@ -87,7 +97,8 @@ class Positions:
             parsed = terms.parse_shard_key(claim.shard)
             if parsed is not None:
                 newest_epoch = max(newest_epoch, parsed[0])
-        if newest_epoch > 0:
+        if newest_epoch > self._floor:
+            self._floor = newest_epoch
             self._forget_before(newest_epoch)
 
     def _forget_before(self, epoch: int) -> None:

@@ -111,7 +111,12 @@ class Feed:
                 self._counted = True
                 log.info("%s: its first gradient is applied (step %d)", self._name, step)
             return True
-        if words & _LOST:
+        if terms.GAP in words and self.current is not None:  # a ps has less than the lease
+            # said: the shard goes back to the queue, to go on from where the ps tier has it
+            log.warning("%s: shard %s is behind on a ps: giving it back", self._name, self._key())
+            self._pool.submit(self._give_back, {self.current.lease: -1})
+            self.current = None
+        elif words & _LOST:
             log.info("%s: lease of shard %s was taken back", self._name, self._key())
             self.current = None
         elif log.isEnabledFor(logging.DEBUG):
@@ -186,6 +191,12 @@ class Feed:
             return None
         self.waiting = ""
         return reply.lease
+
+    def _give_back(self, returned: dict[int, int]) -> None:
+        try:
+            self._coordinator.lease(returned=returned, want=False)
+        except grpc.RpcError as err:  # the chief takes it back when it finds the worker gone
+            log.warning("%s: could not give a lease back: %s", self._name, err.details())
 
     def _ask(self, done: list[int], want: bool) -> co_pb2.LeaseReply:
         return self._coordinator.lease(done=done, want=want)

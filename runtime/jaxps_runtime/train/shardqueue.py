@@ -20,6 +20,7 @@ chief's watch `reclaim` and `restore`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -101,6 +102,7 @@ class ShardQueue:
         epoch = max((e for e, _ in parsed), default=0)
         with self._lock:
             self._leases.clear()
+            self._observed = dict(positions)
             self._start_epoch(epoch, {s: v for (e, s), v in parsed.items() if e == epoch})
             self._ready = True
             if self._epoch_complete():
@@ -210,12 +212,19 @@ class ShardQueue:
 
     def give_back(self, worker: str, returned: Mapping[int, int]) -> None:
         """`worker` leaves: its leases ({lease: batches of its shard applied on every ps}) go
-        back to the queue, each shard from where it got."""
+        back to the queue, each shard from where it got (a negative count: from where the ps tier
+        has it, as last observed)."""
         with self._lock:
-            for id_, applied in returned.items():
-                lease = self._leases.pop(id_, None)
+            for id_, count in returned.items():
+                lease = self._leases.get(id_)
                 if lease is None or lease.worker != worker:
                     continue
+                del self._leases[id_]
+                applied = count
+                if count < 0:  # the holder does not know: as the ps tier has it
+                    applied = self._observed.get(lease.key, 0)
+                    self._applied[lease.shard] = min(self._applied.get(lease.shard, 0), applied)
+                    lease = dataclasses.replace(lease, start=applied)
                 self._back(lease, applied)
 
     # --- with the lock held ------------------------------------------------------------------

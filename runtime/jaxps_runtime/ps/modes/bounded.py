@@ -22,7 +22,7 @@ class Bounded(Async):
         """A worker that joins starts level with the slowest live one: nobody waits for it to
         catch up on pushes made before it came."""
         with self.store.changed:
-            known = [self._clocks.get(w, 0) for w in self.workers]
+            known = [self._clocks.get(w, 0) for w in self.workers if w in workers]
             start = min(known) if known else 0
             for worker in workers:
                 if worker not in self.workers:
