@@ -1,4 +1,4 @@
-"""The worker: read, `jax.value_and_grad` under `jax.jit`, update; on its own shard of the data.
+"""The worker: read, `jax.value_and_grad` under `jax.jit`, update; on shards the chief leases it.
 
 Between-graph replication as TensorFlow's workers do it, against the ps tier, one Read and one
 Update per ps and step, on the batches of the shards the chief's queue leases it (`feed`): each
@@ -8,7 +8,7 @@ so every record is applied once per data epoch however workers come, go or die:
   read by rows: only the unique ids of the batch, padded to one size per table so the jitted
   step compiles once, and the batch's ids are remapped to positions in those rows;
 - sync: the update brings back the values of the next step (the ps replies once enough workers
-  have pushed); a refused (stale) push just moves on to the current step;
+  have pushed); a push refused as stale computes its batch again at the current step;
 - async and bounded staleness: read whatever is there (the ps holds a worker back that is too
   far ahead), update, repeat.
 The worker stops when the global step reaches `steps` or the chief says stop. Told to stop
