@@ -27,6 +27,10 @@ from tests.process import harness, waiting
 pytestmark = pytest.mark.process
 Metric = Callable[[int, str], float | None]
 DEADLINE = 10.0  # seconds from the signal to the exit
+# A worker told to stop (SIGTERM: the job is scaled down, suspended or preempted) drains: its
+# last push is in, it gives its leases back to the chief's shard queue and exits 0. The chief
+# (worker 0 of a job without one) and a ps exit 143; SIGINT is 130 for every role.
+DRAINED = 0
 TRAINING: dict[str, Any] = {
     "model": {"name": "mlp"},
     "mode": "sync",
@@ -110,7 +114,7 @@ def _assert_ps_serving(job: harness.LocalJob) -> None:
 @pytest.mark.parametrize(
     "case",
     [
-        pytest.param(Case("worker-1"), id="worker"),
+        pytest.param(Case("worker-1", code=DRAINED), id="worker"),
         pytest.param(Case("worker-1", signal.SIGINT, 128 + signal.SIGINT), id="worker-sigint"),
         pytest.param(Case("chief-0", job={"chief": True, "ps": 2, "workers": 1}), id="chief"),
         pytest.param(Case("worker-0"), id="worker-0-as-chief"),
@@ -157,8 +161,8 @@ def test_a_ps_exits_143_and_the_workers_waiting_for_it_to_come_back_stop_promptl
         job,
         what="the chief waiting for ps-0",
     )
-    for task in ("worker-1", "worker-0"):  # a worker, then the chief (worker 0) and its worker
-        case = Case(task)
+    # a worker (drains), then the chief (worker 0) and its worker
+    for case in (Case("worker-1", code=DRAINED), Case("worker-0")):
         _assert_stopped(job, case, *_signal(job, case.task, case.signal))
     assert job.processes["ps-1"].poll() is None
     assert "shutdown requested" not in _log(job, "ps-1")
@@ -180,7 +184,7 @@ def test_a_worker_waiting_for_a_chief_that_never_comes_stops_promptly(
     _wait_for(
         lambda: "waiting for the chief at" in _log(job, "worker-0"), job, what="the chief wait"
     )
-    case = Case("worker-0")
+    case = Case("worker-0", code=DRAINED)  # a worker (the job has a chief): nothing to give back
     _assert_stopped(job, case, *_signal(job, case.task, case.signal))
 
 
@@ -215,7 +219,7 @@ def test_a_worker_waiting_at_a_sync_barrier_stops_promptly(
         return after.awaiting == 1 and after.step == before.step
 
     _wait_for(stuck, job, what="worker-0 waiting for worker-1's gradient")
-    case = Case("worker-0")
+    case = Case("worker-0", code=DRAINED)  # a worker (the job has a chief)
     _assert_stopped(job, case, *_signal(job, case.task, case.signal))
 
 
