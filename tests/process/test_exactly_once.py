@@ -241,29 +241,16 @@ def ledger_batches(positions: dict[str, int]) -> int:
     return epoch * batches + sum(v for (e, _), v in parsed.items() if e == epoch)
 
 
-# Not strict: the bug shows only when a push is in flight as the checkpoint the ps kill rolls
-# back to is taken (about one run in two here), so a run may pass by luck.
-FUZZY_CHECKPOINT = pytest.mark.xfail(
-    strict=False,
-    reason="BUG: in async and boundedStaleness a ps' checkpoint is fuzzy (ps/store.py "
-    "snapshot_at: 'a push in flight may have updated some shards already'): its values hold an "
-    "update that its step and data positions do not count, so after a rollback to it that "
-    "batch is pushed and applied again on that ps (seen: epoch 7 batch 20, the push after "
-    "step 300, applied twice on ps-0 after a restore of step 300)",
-)
-
-
 @pytest.mark.parametrize(
     ("mode", "extra", "batch_seconds"),
     [
-        pytest.param("async", {}, 0.06, id="async", marks=FUZZY_CHECKPOINT),
+        pytest.param("async", {}, 0.06, id="async"),
         pytest.param("sync", {}, 0.03, id="sync"),
         pytest.param(
             "boundedStaleness",
             {"maxStaleness": 2},
             0.06,
             id="boundedStaleness",
-            marks=FUZZY_CHECKPOINT,
         ),
     ],
 )

@@ -75,16 +75,38 @@ class Saves:
     def ask(self, step: int) -> Future[Snapshot]:
         return self._asked.setdefault(step, Future())
 
-    def reached(self, step: int, take: Callable[[], Snapshot]) -> None:
-        """The step is now `step`: takes the snapshot if one was asked for it."""
+    def reached(self, step: int, take: Callable[[], Snapshot], *, in_flight: int = 0) -> None:
+        """The step is now `step`: takes the snapshot if one was asked for it, unless pushes
+        are `in_flight` (their updates may be in the values, not in the step): then that save
+        fails rather than cut a fuzzy checkpoint."""
         future = self._asked.pop(step, None)
-        if future is not None:
+        if future is None:
+            return
+        if in_flight:
+            future.set_exception(PsError(grpc.StatusCode.ABORTED, _fuzzy(step, in_flight)))
+        else:
             future.set_result(take())
+
+    def lowest(self) -> int | None:
+        """The lowest step a snapshot is asked for, or None."""
+        return min(self._asked, default=None)
 
     def fail(self, why: str) -> None:
         for step, future in self._asked.items():
             future.set_exception(PsError(grpc.StatusCode.ABORTED, f"Save at step {step}: {why}"))
         self._asked.clear()
+
+
+def _fuzzy(step: int, in_flight: int) -> str:
+    return (
+        f"Save at step {step}: {in_flight} push(es) in flight whose updates the step does not "
+        "count yet; ask for a later step"
+    )
+
+
+def fuzzy(step: int, in_flight: int) -> PsError:
+    """The refusal of a snapshot at `step` now: it would hold uncounted updates."""
+    return PsError(grpc.StatusCode.FAILED_PRECONDITION, _fuzzy(step, in_flight))
 
 
 def wait(

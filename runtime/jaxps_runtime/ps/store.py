@@ -225,7 +225,9 @@ class ParameterStore:
             if not duplicate:
                 self._step += 1
                 self._positions.settle(claims)
-                self._saves.reached(self._step, self._snapshot_locked)
+                self._saves.reached(
+                    self._step, self._snapshot_locked, in_flight=self._policy.in_flight()
+                )
                 self._changed.notify_all()
             else:
                 for claim in claims:
@@ -244,6 +246,10 @@ class ParameterStore:
         """A claimed push that will not count: its batch is free again."""
         with self._lock:
             self._positions.drop(claim)
+
+    def next_save(self) -> int | None:
+        """The lowest step a snapshot waits for (under the lock)."""
+        return self._saves.lowest()
 
     def cursors(self) -> dict[str, int]:
         """Each data shard's position: the batches of it applied here."""
@@ -309,8 +315,12 @@ class ParameterStore:
                     f"Save: {self.task} is at step {self._step}, past step {step}",
                 )
             if self._step == step:
+                in_flight = self._policy.in_flight()
+                if in_flight:
+                    raise snapshots.fuzzy(step, in_flight)
                 return self._snapshot_locked()
             future = self._saves.ask(step)
+            self._changed.notify_all()  # async admission now holds pushes past `step` back
         return snapshots.wait(
             future,
             task=self.task,

@@ -28,7 +28,8 @@ from jaxps_runtime.wire import terms
 log = logging.getLogger(__name__)
 
 
-_IN = frozenset({"", terms.APPLIED, "duplicate"})  # the batch is in on that ps
+# The batch is in on that ps, or never will be (past its last step: it takes nothing more).
+_IN = frozenset({"", terms.APPLIED, "duplicate", terms.OVER})
 _LOST = frozenset({terms.REVOKED, terms.GAP})  # the lease is someone else's now
 _NOT_COUNTED = frozenset({terms.REVOKED, terms.GAP, terms.BUSY})
 

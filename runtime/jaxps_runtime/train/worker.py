@@ -379,8 +379,10 @@ def _empty_push(
 
 
 def _next_min_step(replies: list[Any], *, step: int, sync: bool, steps: int) -> int:
-    """The step the next read waits for after an update of `step`."""
-    if any(r.step >= steps for r in replies):
+    """The step the next read waits for after an update of `step`. Training is over once every
+    ps has reached the last step: a ps behind (a push of a worker that died reached only the
+    others) still takes batches, which the ps past it refuse as over."""
+    if replies and min(r.step for r in replies) >= steps:
         return steps
     if refused_position(replies):  # it did not count: the step may wait for it
         return 0

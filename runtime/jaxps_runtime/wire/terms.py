@@ -67,6 +67,7 @@ REVOKED = "revoked"  # the push's lease is older than one the ps took for that s
 GAP = "gap"  # batches of the shard before this one are not applied here: ask for a new lease
 BUSY = "busy"  # another push of the same batch is being applied: ask again
 POSITION_REFUSALS = (APPLIED, REVOKED, GAP, BUSY)
+OVER = "training is over"  # the ps reached the last step: it takes nothing more
 
 
 def shard_key(epoch: int, shard: int) -> str:

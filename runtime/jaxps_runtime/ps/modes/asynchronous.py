@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from jaxps_runtime.ps.modes.policy import Push, PushResult, Store
+from jaxps_runtime.wire import terms
 from jaxps_runtime.wire.terms import Mode
 
 
@@ -35,18 +36,32 @@ class Async:
         return None
 
     def admit(self, step: int) -> PushResult | None:
-        with self.store.lock:
-            current = self.store.step
+        """Reserves the push a step. Never more pushes in flight than steps left before a
+        snapshot asked for (a checkpoint): the pushes past it wait until it is taken, so its
+        values hold exactly the updates its step and data positions count (an update applied
+        on arrival but not counted yet would be in a fuzzy cut, and applied again after a
+        rollback to it)."""
+        with self.store.changed:
+            while True:
+                current = self.store.step
+                save = self.store.next_save()
+                if save is None or current + self._reserved < save or self._reserved == 0:
+                    break
+                self.store.changed.wait(timeout=0.5)  # the pushes in flight count (or fail)
             left = self.mode.last_step - current - self._reserved if self.mode.last_step else 1
             if left > 0:
                 self._reserved += 1
                 return None
         self.store.counters.add("pushes_rejected")
-        return PushResult(False, current, f"training is over: step {self.mode.last_step} reached")
+        return PushResult(False, current, f"{terms.OVER}: step {self.mode.last_step} reached")
 
     def release(self) -> None:
-        with self.store.lock:
+        with self.store.changed:
             self._reserved = max(self._reserved - 1, 0)
+            self.store.changed.notify_all()
+
+    def in_flight(self) -> int:
+        return self._reserved
 
     def count(self, push: Push) -> PushResult:
         if push.idle:

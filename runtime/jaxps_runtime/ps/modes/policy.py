@@ -57,6 +57,8 @@ class Store(Protocol):
 
     def drop(self, claim: Claim | None) -> None: ...
 
+    def next_save(self) -> int | None: ...
+
 
 class PsError(Exception):
     """A request the ps refuses; `code` is the gRPC status to answer with."""
@@ -111,6 +113,10 @@ class Policy(Protocol):
 
     def release(self) -> None:
         """An admitted push failed before it counted."""
+
+    def in_flight(self) -> int:
+        """Pushes (or a sync step) whose updates may be in the values but are not counted yet:
+        a snapshot now would be fuzzy. With the store's lock held."""
 
     def count(self, push: Push) -> PushResult:
         """Counts an admitted push whose tensors are in (and applied, when on arrival)."""

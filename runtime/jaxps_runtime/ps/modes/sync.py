@@ -23,6 +23,7 @@ import numpy as np
 
 from jaxps_runtime.ps.modes.policy import PsError, Push, PushResult, Store
 from jaxps_runtime.ps.positions import Claim
+from jaxps_runtime.wire import terms
 from jaxps_runtime.wire.terms import Mode
 
 log = logging.getLogger(__name__)
@@ -69,9 +70,7 @@ class Sync:
         current = self.store.step
         if self.mode.last_step and current >= self.mode.last_step:
             self.store.counters.add("pushes_rejected")
-            return PushResult(
-                False, current, f"training is over: step {self.mode.last_step} reached"
-            )
+            return PushResult(False, current, f"{terms.OVER}: step {self.mode.last_step} reached")
         if step != current:
             self.store.counters.add("pushes_stale")
             return PushResult(False, current, f"stale: computed at step {step}, ps is at {current}")
@@ -79,6 +78,9 @@ class Sync:
 
     def release(self) -> None:
         return None
+
+    def in_flight(self) -> int:
+        return 1 if self._sealed else 0
 
     def count(self, push: Push) -> PushResult:
         contributor = push.worker or push.push_id
@@ -152,8 +154,8 @@ class Sync:
         finally:
             with self._lock:
                 claims = [c for c in contributors.values() if c is not None]
+                self._sealed = False  # counted now: a snapshot at this step is exact
                 _, step = self.store.count_push("", claims)
-                self._sealed = False
                 if self._joining is not None:
                     self.workers, self._joining = self._joining, None
         return step
