@@ -156,16 +156,19 @@ def wait_closed(conns: list[socket.socket], *, within: float) -> float:
 
 
 def zero_update(
-    running: Job, *, task: str, cursor: int
+    running: Job, *, task: str, cursor: int, shard: str = ""
 ) -> tuple[tensor_pb2.FrameHeader, list[memoryview]]:
-    """A well-formed push of zero gradients to every shard of ps-0, speaking for `task`."""
+    """A well-formed push of zero gradients to every shard of ps-0, speaking for `task`; with
+    `shard`, as the batch `cursor - 1` of that data shard."""
     reply = running.status()
     header = tensor_pb2.FrameHeader(
         id=running.identity(task),
         step=reply.step,
         tensors=list(reply.tensors),
         push_id=f"attack-{time.monotonic_ns()}",
+        shard=shard,
         cursor=cursor,
+        lease=1 if shard else 0,
     )
     buffers = [
         memoryview(bytearray(streams.Spec.from_proto(t, where="t").nbytes)) for t in reply.tensors
@@ -177,7 +180,7 @@ def test_a_worker_speaking_for_another_worker_is_permission_denied_and_nothing_i
     attacked: Job,
 ) -> None:
     worker0 = attacked.creds["worker-0"]
-    header, buffers = zero_update(attacked, task="worker-1", cursor=HUGE_CURSOR)
+    header, buffers = zero_update(attacked, task="worker-1", cursor=HUGE_CURSOR, shard="0:0")
     # gRPC: packed and streamed
     for chunk_bytes in (streams.CHUNK_BYTES, 1024):
         with pytest.raises(grpc.RpcError) as caught:
@@ -209,7 +212,7 @@ def test_a_worker_speaking_for_another_worker_is_permission_denied_and_nothing_i
     read.id.task = "worker-0"
     peer.call("Read", read.SerializeToString(), (), timeout=10).close()
     peer.close()
-    # nothing recorded: no data cursor of the attack, for anyone
+    # nothing recorded: no data position of the attack, for any shard
     assert HUGE_CURSOR not in attacked.status().cursors.values()
     attacked.trains_on()
 

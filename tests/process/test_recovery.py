@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +12,9 @@ import pytest
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps_runtime.client import psclient
+from jaxps_runtime.config import training as config
+from jaxps_runtime.data import builtin
+from jaxps_runtime.data.shards import ShardPlan
 from jaxps_runtime.ps import shardfile
 from jaxps_runtime.train import checkpoint
 from jaxps_runtime.wire import rpc
@@ -116,54 +120,87 @@ def test_a_killed_ps_is_restarted_and_every_shard_rolls_back_to_the_last_checkpo
     # intervals: a loaded machine trains past several before one is committed.
     assert newest_committed <= recovery["toStep"] <= killed_at, (newest_committed, recovery)
     assert recovery["toStep"] % EVERY == 0, recovery
-    # The data went back with the parameters: each worker read on from the checkpoint's cursor
-    # for it (the batches whose updates the rollback undid are used again, once).
+    # The data went back with the parameters: each ps kept its own data positions in its part
+    # of the checkpoint, restored them, and the chief's shard queue started over from them (the
+    # batches whose updates the rollback undid are leased again, once).
     [restored] = [
         m for m in checkpoint.committed(tmp_path / "ckpt") if m.step == recovery["toStep"]
     ]
-    for worker in ("worker-0", "worker-1"):
-        log = (tmp_path / "logs" / f"{worker}.log").read_text()
-        again = [line for line in log.splitlines() if "ps tier ready again" in line]
-        assert again, log[-2000:]
-        assert f"data from batch {restored.cursors[worker]}" in again[-1], (again, restored)
+    assert all(record.cursors for record in restored.shards), restored
+    queued = QUEUED.findall((tmp_path / "logs" / "worker-0.log").read_text())
+    assert queued, job.logs()
+    brought_up = tuple(int(n) for n in queued[-1])  # the queue the recovery brought up
+    assert brought_up == _queue_from(restored), (queued, restored)
 
 
-def _ps_cursors(job: harness.LocalJob) -> dict[str, int]:
-    """The workers' data cursors the ps tasks report in Status (highest over the ps)."""
+# "shard queue at data epoch E: D of T shards done": the chief's queue after each bring-up
+QUEUED = re.compile(r"shard queue at data epoch (\d+): (\d+) of (\d+) shards done")
+TOOK_BACK = re.compile(
+    r"took back shard (\d+:\d+) from worker-1 \(lease \d+\): it goes on from batch (\d+) of"
+)
+
+
+def _plan() -> ShardPlan:
+    """How the runtime cuts the job's data (TRAINING's dataset) into shards."""
+    training = config.parse(TRAINING)
+    data = training.dataset
+    dataset = builtin.build_dataset(
+        name=data.name, module=data.module, kwargs=data.kwargs, seed=training.seed
+    )
+    return ShardPlan.of(dataset, batch_size=training.batchSize, seed=training.seed)
+
+
+def _queue_from(manifest: checkpoint.Manifest) -> tuple[int, ...]:
+    """(data epoch, shards done, shards per epoch) of a queue rebuilt from the positions the ps
+    restored from `manifest`: the lowest over the ps, in the newest data epoch among them."""
+    plan = _plan()
+    assert plan.shards is not None
+    keys = {k for record in manifest.shards for k in record.cursors}
+    positions = {k: min(r.cursors.get(k, 0) for r in manifest.shards) for k in keys}
+    parsed = {tuple(map(int, k.split(":"))): v for k, v in positions.items()}
+    epoch = max(e for e, _ in parsed)
+    done = 0
+    for (e, shard), applied in parsed.items():
+        first, end = plan.span(shard)
+        done += e == epoch and applied >= end - first
+    if done == plan.shards:  # that epoch is over: the next one starts
+        return epoch + 1, 0, plan.shards
+    return epoch, done, plan.shards
+
+
+def _ps_positions(job: harness.LocalJob) -> dict[str, int]:
+    """Each data shard's position the ps tasks report in Status: the batches of it applied on
+    every ps (the lowest over the ps)."""
     replies = []
     for address in job.spec["ps"]:
         with rpc.channel(address) as channel:
             call = rpc.PARAMETER_SERVER.callables(channel)["Status"]
             replies.append(call(ps_pb2.StatusRequest(), timeout=10))
-    return psclient.merged_cursors(replies, how=max)
+    return psclient.merged_cursors(replies, how=min)
 
 
-def _resumed_from(log: str) -> list[int]:
-    """The batch each start of a worker went on from, from its log."""
-    return [
-        int(line.rsplit("from batch ", 1)[1].split()[0])
-        for line in log.splitlines()
-        if "ps ready at step" in line
-    ]
-
-
-def test_a_killed_worker_comes_back_where_its_data_left_off(
+def test_a_killed_workers_shards_go_on_from_where_the_ps_tier_has_them(
     jobs: list[harness.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
 ) -> None:
     job = _start(jobs, training=_training(tmp_path), log_dir=tmp_path / "logs")
     waiting.wait_for(lambda: _step(job, metric, "worker-1") >= 150, job, what="step 150")
     job.processes["worker-1"].send_signal(signal.SIGKILL)
     assert job.processes["worker-1"].wait(timeout=30) == -signal.SIGKILL
-    # What the ps tier counted of worker-1's batches: with it dead, nothing changes that.
-    used = _ps_cursors(job)["worker-1"]
-    assert used > 0
+    # What the ps tier applied of each shard: with worker-1 dead its shards stand still, but
+    # for a push of it already in a sync step, which closes with worker-0's.
+    used = _ps_positions(job)
+    assert used
     job.start_task("worker-1", metrics_port=job.metrics_ports["worker-1"])
     summary = _finish(job)
     assert summary["step"] == TRAINING["steps"]
     assert abs(summary["eval"]["accuracy"] - undisturbed["eval"]["accuracy"]) <= 0.01
-    # It went on with exactly the batch after the last one whose gradient reached the ps:
-    # none used twice, none skipped (not "about where its last heartbeat said").
-    assert _resumed_from((tmp_path / "logs" / "worker-1.log").read_text()) == [0, used]
+    # The chief took worker-1's leases back, each shard from the batch after the last one
+    # applied on every ps: not from the shard's start (batches used twice), not past it
+    # (batches skipped), not "about where its last heartbeat said".
+    took = TOOK_BACK.findall((tmp_path / "logs" / "worker-0.log").read_text())
+    assert took, job.logs()
+    for key, at in took:
+        assert used.get(key, 0) <= int(at) <= used.get(key, 0) + 1, (key, at, used)
 
 
 def test_a_restarted_chief_adopts_the_live_state_and_the_step_never_goes_back(

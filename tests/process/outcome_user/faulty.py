@@ -11,23 +11,33 @@ chosen by keyword arguments; each is off by default:
 
 - ``make_model(evaluateRaises=True)``: ``evaluate`` raises ``ArithmeticError`` (at trace time,
   as the runtime jits it: the chief's final evaluation fails, training itself does not);
-- ``make_dataset(worker=W, raiseAt=N)``: worker W's ``train_batch`` of batch N raises
-  ``LookupError``;
-- ``make_dataset(worker=W, nanAt=N)``: worker W's batch N has a NaN input (only that batch:
-  a worker that skips it, as a rollback on divergence does, trains on finite data);
-- ``make_dataset(batchSeconds=S)``: every ``train_batch`` sleeps S seconds first (on every
-  worker): training goes at a pace a test can act within;
-- ``make_dataset(worker=W, slowAt=N, slowSeconds=S)``: worker W's batch N takes S seconds more;
-- ``make_dataset(worker=W, blockAt=N)``: worker W's ``train_batch`` of batch N never returns
-  (the task's own stop cannot end it either: the runtime's forced exit does).
+- ``make_dataset(worker=W, raiseAt=N)``: worker W's read N raises ``LookupError``;
+- ``make_dataset(worker=W, nanAt=N)``: the batch of worker W's read N has a NaN input (only that
+  read: the batches read after it, a rollback's included, are finite);
+- ``make_dataset(batchSeconds=S)``: every read sleeps S seconds first (on every worker):
+  training goes at a pace a test can act within;
+- ``make_dataset(worker=W, slowAt=N, slowSeconds=S)``: worker W's read N takes S seconds more;
+- ``make_dataset(worker=W, blockAt=N)``: worker W's read N never returns (the task's own stop
+  cannot end it either: the runtime's forced exit does).
 
-A batch is a function of (worker, batch) only, as the dataset contract requires of an object
-with ``train_batch``: a restarted worker reads the same data. The raising lines are this file's,
-so a `UserCodeError` names them (``RAISES_LINE``, ``EVALUATE_RAISES_LINE``).
+The dataset is the arrays the runtime cuts into shards (``num_train`` rows and
+``examples(rows)``, what `data.shards.examples_of` asks for): the chief's shard queue decides
+which worker reads which batch, so a fault is tied to the task that reads, not to a batch. A
+task knows which it is from ``TF_CONFIG``, as any TensorFlow user's code does. "Read N" is the
+N-th batch a task reads to train, counted from 0 in its process (a restarted task counts
+afresh); before them each task reads one batch at start-up, to check that the model takes the
+dataset's batches (`roles._batch_problems`), which is never faulty. In sync mode each worker
+reads once a step, so worker W's read N is its batch of global step N; its read N of a job of
+N steps is the one it makes before it sees that the last step is reached. ``train_batch`` and
+``test`` make it an object of the dataset protocol, so the runtime keeps it as it is. The
+raising lines are this file's, so a `UserCodeError` names them (``RAISES_LINE``,
+``EVALUATE_RAISES_LINE``).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -65,13 +75,15 @@ class FaultyModel:
 
 
 class FaultyDataset:
-    """Worker ``worker``'s batch ``raise_at`` raises, ``nan_at`` holds a NaN, ``block_at``
-    never comes; every other batch is clean."""
+    """``records`` rows of a linear target; the read ``raise_at`` of worker ``worker`` raises,
+    ``nan_at`` holds a NaN, ``block_at`` never comes, ``slow_at`` takes ``slow_seconds`` more;
+    every other read is clean. Reads come from one thread of a task (its training loop)."""
 
     def __init__(
         self,
         *,
         features: int,
+        records: int,
         worker: int,
         raise_at: int | None,
         nan_at: int | None,
@@ -81,11 +93,15 @@ class FaultyDataset:
         slow_seconds: float,
     ) -> None:
         self.features = features
+        self.num_train = records
         self.batch_seconds = batch_seconds
         self.slow_at, self.slow_seconds = slow_at, slow_seconds
-        self.worker = worker
         self.raise_at, self.nan_at, self.block_at = raise_at, nan_at, block_at
         self.target = np.linspace(-1.0, 1.0, features, dtype=np.float32)
+        self._train = self._rows(1_000_003, records)
+        self._faulty = _this_task() == ("worker", worker)  # this task is the one that misbehaves
+        self.who = f"worker {worker}"
+        self._reads = -1  # training reads so far in this process, after the start-up check
 
     def _rows(self, seed: int, count: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
@@ -93,25 +109,40 @@ class FaultyDataset:
         y = (x @ self.target + 0.5 + 0.01 * rng.normal(size=count)).astype(np.float32)
         return {"x": x, "y": y}
 
-    def train_batch(
-        self, *, worker: int, num_workers: int, step: int, batch_size: int
-    ) -> dict[str, np.ndarray]:
-        del num_workers  # each worker's batches are its own, however many there are
+    def examples(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The training rows `rows`: the shard queue's batch this task reads now."""
+        read, self._reads = self._reads, self._reads + 1  # -1: the start-up check's
         if self.batch_seconds:
             time.sleep(self.batch_seconds)
-        if worker == self.worker and step == self.slow_at:
+        if self._faulty and read == self.slow_at:
             time.sleep(self.slow_seconds)
-        if worker == self.worker and step == self.raise_at:
-            raise LookupError(f"faulty dataset: no batch {step} for worker {worker}")  # RAISES
-        if worker == self.worker and step == self.block_at:
+        if self._faulty and read == self.raise_at:
+            raise LookupError(f"faulty dataset: no batch at read {read} of {self.who}")  # RAISES
+        if self._faulty and read == self.block_at:
             threading.Event().wait()  # never set: this batch never comes
-        batch = self._rows(1_000_003 * (worker + 1) + step, batch_size)
-        if worker == self.worker and step == self.nan_at:
+        batch = {name: values[rows] for name, values in self._train.items()}  # copies
+        if self._faulty and read == self.nan_at:
             batch["x"][0, 0] = np.nan
         return batch
 
+    def train_batch(
+        self, *, worker: int, num_workers: int, step: int, batch_size: int
+    ) -> dict[str, np.ndarray]:
+        """The dataset protocol's batch; the runtime reads `examples` instead."""
+        first = (step * num_workers + worker) * batch_size
+        return self.examples((np.arange(batch_size) + first) % self.num_train)
+
     def test(self) -> dict[str, np.ndarray]:
         return self._rows(7, _TEST_EXAMPLES)
+
+
+def _this_task() -> tuple[str, int] | None:
+    """(type, index) of the task this process is, from ``TF_CONFIG``; None outside a job."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return None
+    task = json.loads(raw).get("task", {})
+    return str(task.get("type", "")), int(task.get("index", 0))
 
 
 def _line(marker: str) -> int:
@@ -143,11 +174,14 @@ def make_model(**kwargs: Any) -> FaultyModel:
 
 
 def make_dataset(**kwargs: Any) -> FaultyDataset:
-    """``features`` (default 8), ``worker`` (0: the worker that misbehaves), the batch of that
-    worker's shard that ``raiseAt``, ``nanAt``, ``blockAt`` or ``slowAt`` (each off by default),
-    ``slowSeconds`` (0) and ``batchSeconds`` (0)."""
+    """``features`` (default 8), ``records`` (4096: more than the tests' jobs read in one data
+    epoch), ``worker`` (0: the worker that misbehaves), the read of that worker that
+    ``raiseAt``, ``nanAt``, ``blockAt`` or ``slowAt`` (each off by default), ``slowSeconds`` (0)
+    and ``batchSeconds`` (0)."""
+    records = _optional_count(kwargs, "records")
     dataset = FaultyDataset(
         features=int(kwargs.pop("features", 8)),
+        records=4096 if records is None else max(records, 1),
         worker=int(kwargs.pop("worker", 0)),
         raise_at=_optional_count(kwargs, "raiseAt"),
         nan_at=_optional_count(kwargs, "nanAt"),
