@@ -31,7 +31,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., rows: _Optional[bytes] = ...) -> None: ...
 
 class FrameHeader(_message.Message):
-    __slots__ = ("id", "step", "tensors", "push_id", "min_step", "accepted", "reason", "cursor", "then_read", "shard", "lease")
+    __slots__ = ("id", "step", "tensors", "push_id", "min_step", "accepted", "reason", "cursor", "then_read", "shard", "lease", "idle")
     ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class FrameHeader(_message.Message):
     THEN_READ_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    IDLE_FIELD_NUMBER: _ClassVar[int]
     id: Identity
     step: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
@@ -54,7 +55,8 @@ class FrameHeader(_message.Message):
     then_read: bool
     shard: str
     lease: int
-    def __init__(self, id: _Optional[_Union[Identity, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., push_id: _Optional[str] = ..., min_step: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., cursor: _Optional[int] = ..., then_read: _Optional[bool] = ..., shard: _Optional[str] = ..., lease: _Optional[int] = ...) -> None: ...
+    idle: bool
+    def __init__(self, id: _Optional[_Union[Identity, _Mapping]] = ..., step: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., push_id: _Optional[str] = ..., min_step: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., cursor: _Optional[int] = ..., then_read: _Optional[bool] = ..., shard: _Optional[str] = ..., lease: _Optional[int] = ..., idle: _Optional[bool] = ...) -> None: ...
 
 class Frame(_message.Message):
     __slots__ = ("header", "offset", "data")

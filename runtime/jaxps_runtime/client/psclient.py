@@ -296,6 +296,7 @@ class PsClient:
         shard: str = "",
         cursor: int = 0,
         lease: int = 0,
+        idle: bool = False,
         then_read: bool = False,
         min_step: int = 0,
         into: Mapping[str, np.ndarray] | None = None,
@@ -303,11 +304,11 @@ class PsClient:
         """Pushes one gradient to every ps (each counts it, holding its tensors or not): every
         variable's (or `variables'`) whole, and gradient `rows` of tables ({variable: (row ids,
         rows)}; duplicates summed), as batch `cursor - 1` of data shard `shard` leased with
-        `lease` (each ps applies a batch once: `ps.positions`). With `then_read`, each ps replies
-        with the dense values once at `min_step` (into `into`, as `read`): a sync step's update
-        and the next read in one round trip. A transient failure is retried with the same
-        push_id (applied once). Returns (the lowest step replied, the values read, each ps's
-        reply header: `accepted`, `reason`, `step`)."""
+        `lease` (each ps applies a batch once: `ps.positions`); `idle`: no data. With `then_read`,
+        each ps replies with the dense values once at `min_step` (into `into`, as `read`): a
+        sync step's update and the next read in one round trip. A transient failure is retried
+        with the same push_id (applied once). Returns (the lowest step replied, the values read,
+        each ps's reply header: `accepted`, `reason`, `step`)."""
         arrays = self._routes.arrays(grads, what="gradients", variables=variables)
         read_into = self._routes.into(into, arrays) if then_read else {}
         picks = self._routes.rows({name: ids for name, (ids, _) in (rows or {}).items()})
@@ -324,6 +325,7 @@ class PsClient:
                 shard=shard,
                 cursor=cursor,
                 lease=lease,
+                idle=idle,
                 then_read=then_read,
                 min_step=min_step,
             )

@@ -238,22 +238,18 @@ class ParameterStore:
     # --- data positions ---------------------------------------------------------------------
 
     def claim(self, *, shard: str, cursor: int, lease: int) -> Claim | str:
-        """`positions.Positions.claim` under the lock: the batch's claim or why not."""
-        with self._lock:
+        with self._lock:  # `positions.Positions.claim`: the batch's claim or why not
             return self._positions.claim(shard=shard, cursor=cursor, lease=lease)
 
     def drop(self, claim: Claim | None) -> None:
-        """A claimed push that will not count: its batch is free again."""
-        with self._lock:
+        with self._lock:  # a claimed push that will not count: its batch is free again
             self._positions.drop(claim)
 
     def next_save(self) -> int | None:
-        """The lowest step a snapshot waits for (under the lock)."""
-        return self._saves.lowest()
+        return self._saves.lowest()  # the lowest step a snapshot waits for (under the lock)
 
     def cursors(self) -> dict[str, int]:
-        """Each data shard's position: the batches of it applied here."""
-        with self._lock:
+        with self._lock:  # each data shard's position: the batches of it applied here
             return self._positions.snapshot()
 
     # --- pull -----------------------------------------------------------------------------
@@ -297,12 +293,9 @@ class ParameterStore:
         )
 
     def snapshot_at(self, step: int, *, is_active: Callable[[], bool]) -> Snapshot:
-        """The state as it is when the step becomes `step` (at once if it is `step` now).
-
-        In sync mode the cut is consistent: every update of a step lands before the step
-        advances. In async mode it is fuzzy, as TensorFlow's is: a push in flight may have
-        updated some shards already.
-        """
+        """The state as it is when the step becomes `step` (at once if it is `step` now): exact
+        in every mode (unlike TensorFlow's async cut), never with an update its step and data
+        positions do not count (`Policy.in_flight`; async admission waits for the cut)."""
         with self._lock:
             if self._state != ps_pb2.READY:
                 raise PsError(

@@ -223,7 +223,7 @@ class StreamHandlers:
             for i in range(len(specs))
             if sync and i not in rows
         }
-        idle = not specs and claim is None
+        idle = header.idle and not specs and claim is None
         return policy.count(Push(push_id, header.step, header.id.task, claim, dense, idle=idle))
 
     def _require_finite(self, spec: Spec, grad: np.ndarray, *, rows: bool, who: str) -> None:

@@ -103,6 +103,7 @@ class ShardQueue:
         with self._lock:
             self._leases.clear()
             self._observed = dict(positions)
+            self._over = False  # rolled back below the last step: training goes on
             self._start_epoch(epoch, {s: v for (e, s), v in parsed.items() if e == epoch})
             self._ready = True
             if self._epoch_complete():

@@ -374,6 +374,7 @@ def _empty_push(
         shard=at.shard if at else "",
         cursor=at.cursor if at else 0,
         lease=at.lease if at else 0,
+        idle=at is None,
     )
     return step, replies
 
