@@ -417,32 +417,8 @@ def _assert_finite_export(run: Run) -> dict[str, np.ndarray]:
     return values
 
 
-# After a ps is lost while the chief finishes, the ps tier is rolled back below the last step,
-# but the chief's shard queue, finished at the last step, stays finished across the bring-up
-# (ShardQueue.restore keeps `_over`): it leases nothing, and each worker drains, finds the ps
-# tier behind the last step, trains again, is told training is over, ... until RUN_TIMEOUT.
-QUEUE_STAYS_FINISHED = pytest.mark.xfail(
-    strict=True,
-    reason="BUG: train/shardqueue.py ShardQueue.restore does not undo finish(): a rollback "
-    "while the chief finishes leaves every worker without data, the job hangs at the checkpoint",
-)
-
-
-@pytest.mark.parametrize(
-    ("task", "phase"),
-    [
-        pytest.param(
-            task,
-            phase,
-            id=f"{task}-{phase}",
-            marks=[QUEUE_STAYS_FINISHED]
-            if (task, phase) == ("ps-0", "while-the-chief-finishes")
-            else [],
-        )
-        for task in ("ps-0", "worker-1", "chief-0")
-        for phase in PHASES
-    ],
-)
+@pytest.mark.parametrize("phase", list(PHASES))
+@pytest.mark.parametrize("task", ["ps-0", "worker-1", "chief-0"])
 def test_a_task_killed_in_any_phase_still_succeeds_with_the_export_written(
     tmp_path: Path, task: str, phase: str
 ) -> None:

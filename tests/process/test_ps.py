@@ -31,17 +31,6 @@ SGD_1 = config.OptimizerConfig("sgd", {"learning_rate": 1.0})
 _epochs = itertools.count(1)
 
 
-# A push with no data shard whose tensors all live on other ps is taken as an idle worker's word
-# by the ps it carries nothing for (ps/streaming.py: `idle = not specs and claim is None`), which
-# then does not count it: the ps steps part, and the next push is refused "ahead of this ps".
-# PsClient.update and ParameterStore.count_push say every ps counts every push.
-IDLE_GUESSED = pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a shard-less push carrying no tensor for a ps is not counted there in async and "
-    "bounded staleness (ps/streaming.py guesses 'idle' per ps): ps steps part",
-)
-
-
 def _client(
     ps: harness.LocalPs,
     tree: Any,
@@ -182,7 +171,6 @@ def test_sparse_row_pull_and_push_touch_only_those_rows(two_ps: harness.LocalPs)
     client.close()
 
 
-@IDLE_GUESSED
 def test_sparse_updates_leave_other_rows_optimizer_state_alone(two_ps: harness.LocalPs) -> None:
     table = np.zeros((1000, 4), np.float32)
     client, _ = _init(
@@ -221,7 +209,6 @@ def test_a_client_of_another_job_is_refused(two_ps: harness.LocalPs) -> None:
     chief.close()
 
 
-@IDLE_GUESSED
 def test_a_retried_push_is_applied_once(two_ps: harness.LocalPs) -> None:
     chief, _ = _init(two_ps, {"w": np.zeros(1000, np.float32)})
     grads = {"['w']": np.ones(1000, np.float32)}
@@ -235,7 +222,6 @@ def test_a_retried_push_is_applied_once(two_ps: harness.LocalPs) -> None:
     chief.close()
 
 
-@IDLE_GUESSED
 def test_pull_waits_for_a_minimum_step(two_ps: harness.LocalPs) -> None:
     chief, _ = _init(two_ps, {"w": np.zeros(10, np.float32)})
     result: dict[str, Any] = {}
@@ -559,7 +545,6 @@ def test_sync_mode_goes_on_when_the_chief_drops_a_dead_worker(two_ps: harness.Lo
     chief.close()
 
 
-@IDLE_GUESSED
 def test_bounded_staleness_holds_back_a_worker_too_far_ahead(two_ps: harness.LocalPs) -> None:
     tree = {"w": np.zeros(8, np.float32)}
     mode = Mode(kind=parameter_server_pb2.BOUNDED_STALENESS, max_staleness=1)
