@@ -69,6 +69,14 @@ class ShardPlan:
             return f"a stream: {cut}"
         return f"{self.examples} examples a data epoch, {self.shards} {cut}"
 
+    @property
+    def short_batch(self) -> int | None:
+        """The index of each epoch's last batch when it is shorter than the others (the rows
+        do not divide into batches), else None."""
+        if self.examples is None or self.examples % self.batch_size == 0:
+            return None
+        return self.examples // self.batch_size
+
     def span(self, shard: int) -> tuple[int, int]:
         """The batches [first, end) of `shard` in its epoch."""
         first = shard * self.shard_batches

@@ -111,8 +111,7 @@ class Worker:
         trained = False
         try:
             coordinator.register(timeout=training.startupTimeoutSeconds)
-            # Heartbeats from registration on: a worker waiting for the ps is alive, however
-            # long the chief takes to initialise them.
+            # heartbeats from registration on: a worker waiting for the ps is alive
             beat = threading.Thread(
                 target=self._heartbeats,
                 kwargs={"every": training.heartbeatSeconds},
@@ -123,6 +122,7 @@ class Worker:
             self.step = self.client.wait_ready(timeout=training.startupTimeoutSeconds)
             where = f"{self.task.name}: ps ready at step {self.step} (epoch {self.client.epoch})"
             log.info("%s; training %s on the chief's shards (%s)", where, training.mode, self.plan)
+            _compile_short_batch(self)
             self._loop()
             while self._drain():
                 self._loop()
@@ -377,6 +377,21 @@ def _empty_push(
         idle=at is None,
     )
     return step, replies
+
+
+def _compile_short_batch(worker: Worker) -> None:
+    """Compiles the step for each epoch's last, shorter batch before training (the first step
+    compiles it for full ones), so that no step in the middle of the run pays for a compile."""
+    task, plan = worker.task, worker.plan
+    if plan.short_batch is None:
+        return
+    with outcome.user_code("the dataset's train_batch", task=task.name):
+        batch = plan.read(task.dataset, epoch=0, batch=plan.short_batch)
+    rows = _wanted_rows(batch, tables=task.tables, table_rows=worker._table_rows)
+    _, params = worker.client.read(variables=task.dense_variables, rows=rows)
+    with outcome.user_code("the model's loss", task=task.name):
+        _, _, finite = worker._grad(task.layout.unflatten(params), batch)
+        bool(finite)  # waits for it: the compile is done
 
 
 def _next_min_step(replies: list[Any], *, step: int, sync: bool, steps: int) -> int:
