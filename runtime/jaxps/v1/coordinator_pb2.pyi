@@ -97,15 +97,17 @@ class ShardLease(_message.Message):
     def __init__(self, lease: _Optional[int] = ..., epoch: _Optional[int] = ..., shard: _Optional[int] = ..., first: _Optional[int] = ..., end: _Optional[int] = ..., start: _Optional[int] = ..., skip: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LeaseReply(_message.Message):
-    __slots__ = ("id", "lease", "waiting", "over", "epoch")
+    __slots__ = ("id", "lease", "waiting", "over", "epoch", "hold")
     ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     OVER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
     id: _tensor_pb2.Identity
     lease: ShardLease
     waiting: str
     over: bool
     epoch: int
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., lease: _Optional[_Union[ShardLease, _Mapping]] = ..., waiting: _Optional[str] = ..., over: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
+    hold: bool
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., lease: _Optional[_Union[ShardLease, _Mapping]] = ..., waiting: _Optional[str] = ..., over: _Optional[bool] = ..., epoch: _Optional[int] = ..., hold: _Optional[bool] = ...) -> None: ...

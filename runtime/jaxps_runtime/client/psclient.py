@@ -47,12 +47,11 @@ def merged_cursors(
     *,
     how: Callable[[Iterable[int]], int],
 ) -> dict[str, int]:
-    """The workers' data cursors the ps tasks report, merged over them by `how` (a worker
-    one ps has not heard of is at 0 there). `max` is where a worker goes on from: a push is
-    sent to every ps, so any ps that counted it saw its batch used. `min` is the cursor every
-    ps's part of a checkpoint covers."""
-    workers = sorted({w for r in replies for w in r.cursors})
-    return {w: how(r.cursors.get(w, 0) for r in replies) for w in workers}
+    """The data shards' positions the ps tasks report, merged over them by `how` (a shard one
+    ps has not heard of is at 0 there): `min` is what every ps has applied, where the shard
+    queue goes on from."""
+    shards = sorted({k for r in replies for k in r.cursors})
+    return {k: how(r.cursors.get(k, 0) for r in replies) for k in shards}
 
 
 class PsClient:

@@ -225,6 +225,7 @@ class CoordinatorServicer:
             id=tensor_pb2.Identity(job_id=m.job_id, cluster_epoch=m.epoch, task=self.task),
             waiting=answer.waiting,
             over=answer.over,
+            hold=answer.hold,
             epoch=self.queue.counts().epoch,
         )
         if answer.lease is not None:

@@ -66,6 +66,7 @@ class Feed:
         self._ahead: Future[co_pb2.LeaseReply] | None = None
         self._done: list[int] = []  # leases applied, not reported yet
         self.waiting = ""  # why there is no shard now
+        self.hold = False  # and whether that is the chief bringing the ps tier up
         self.epoch = 0
         self._counted = False  # its first gradient applied: logged once
 
@@ -132,7 +133,8 @@ class Feed:
             self._ahead = None
 
     def leave(self, coordinator: CoordinatorClient) -> None:
-        """Gives every lease back (the current one from the batch it is at) and leaves."""
+        """Gives every lease back (the current one from the batch it is at) and leaves, over
+        `coordinator`, which it closes."""
         returned: dict[int, int] = {}
         if self.current is not None:
             returned[self.current.lease] = self.at - self.current.first
@@ -149,6 +151,8 @@ class Feed:
             log.info("%s: gave back %d leases and left the job", self._name, len(returned))
         except grpc.RpcError as err:
             log.warning("%s: could not give its leases back: %s", self._name, err.details())
+        finally:
+            coordinator.close()
         self.close()
 
     def close(self) -> None:
@@ -183,12 +187,13 @@ class Feed:
             except grpc.RpcError as err:  # the chief is away (restarting): ask again later
                 self._done = done + self._done
                 self.waiting = f"the chief's shard queue to answer ({err.code().name})"
+                self.hold = True
                 return None
         self.epoch = reply.epoch
         if reply.over:
             raise TrainingOverError(reply.waiting)
         if not reply.HasField("lease"):
-            self.waiting = reply.waiting
+            self.waiting, self.hold = reply.waiting, reply.hold
             return None
         self.waiting = ""
         return reply.lease

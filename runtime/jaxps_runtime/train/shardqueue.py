@@ -58,6 +58,7 @@ class Answer:
     lease: Lease | None = None
     waiting: str = ""
     over: bool = False
+    hold: bool = False  # the chief brings the ps tier up: nothing to do, not even an idle share
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,11 @@ class ShardQueue:
             if self._epoch_complete():
                 self._start_epoch(self._epoch + 1, {})
         log.info("shard queue at data epoch %d: %s", self._epoch, self._describe())
+
+    def hold(self) -> None:
+        """The chief rolls the ps tier back: nothing is leased until `restore`."""
+        with self._lock:
+            self._ready = False
 
     def skip(self, epoch: int, batch: int) -> None:
         """Batch `batch` of data epoch `epoch` diverged (training.onDivergence: rollback): its
@@ -169,7 +175,7 @@ class ShardQueue:
             if self._over:
                 return Answer(waiting="training is over", over=True)
             if not self._ready:
-                return Answer(waiting="the chief to bring the ps tier up")
+                return Answer(waiting="the chief to bring the ps tier up", hold=True)
             if not self._todo and self._epoch_complete():
                 self._start_epoch(self._epoch + 1, {})
                 log.info("data epoch %d starts: %s", self._epoch, self._describe())

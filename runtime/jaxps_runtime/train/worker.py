@@ -255,11 +255,7 @@ class Worker:
 
     def _leave(self) -> None:
         """Drains: gives the leases back over a channel of its own (the task's closed)."""
-        coordinator = self.task.coordinator(stop=stopping.Stop())
-        try:
-            self.feed.leave(coordinator)
-        finally:
-            coordinator.close()
+        self.feed.leave(self.task.coordinator(stop=stopping.Stop()))
 
     def _step(self, *, min_step: int, sync: bool) -> int:
         """One training step; returns the next pull's min_step, -1 when training is over, or
@@ -272,10 +268,11 @@ class Worker:
         except TrainingOverError:
             return -1
         task.metrics.data_epoch.set(self.feed.epoch)
-        if at is None:  # no shard now (the epoch ends while others finish theirs)
-            if sync:  # the step waits for every live worker: its share is nothing
+        if at is None:  # no shard now: the chief brings the ps tier up, or the epoch ends
+            self.waiting, share = self.feed.waiting, not self.feed.hold  # (then an idle share)
+            if sync and share:  # the step waits for every live worker: its share is nothing
                 return self._push_nothing(None, min_step=min_step, sync=sync)
-            if training.mode is ModeKind.BOUNDED_STALENESS:  # it holds nobody back
+            if share and training.mode is ModeKind.BOUNDED_STALENESS:  # it holds nobody back
                 self._push_nothing(None, min_step=0, sync=sync)
             task.stop.sleep(min(0.05, training.heartbeatSeconds))
             return 0

@@ -114,6 +114,7 @@ class Coordination:
         """Rolls every ps back to the last committed checkpoint, at a new epoch."""
         started, before = time.monotonic(), self.membership.step
         log.warning("%s: rolling every ps back to the last committed checkpoint", problem)
+        self.queue.hold()  # no lease of the old queue's until it is rebuilt from the rollback
         # No waiting for a checkpoint in flight: the Init below aborts its pending Saves, and
         # `checkpoint.save` never commits one whose replies are not all from its epoch.
         deadline = started + self.training.startupTimeoutSeconds

@@ -123,9 +123,9 @@ class Calls:
             protocol.send(conn, err.code.value[0], body, (), watch)
             return
         incoming.drain()
+        self._on_call()  # counted before the reply: a caller's next Status sees it
         watch.wait(FRAME_SECONDS, FRAME)
         protocol.send(conn, 0, reply.header.SerializeToString(), reply.buffers, watch)
-        self._on_call()
 
     def _bounds(self, size: int, nbytes: int) -> None:
         """Drops a call claiming more than the ps's shards could ever need (asked of the
