@@ -29,7 +29,7 @@ from jaxps_runtime.data.arrays import Batch, Dataset
 # epoch, which some workers wait on in sync mode, are short) and large enough that asking for
 # one is rare next to the steps it feeds.
 MAX_SHARD_BATCHES = 32
-MIN_SHARDS_PER_EPOCH = 16
+MIN_SHARDS_PER_EPOCH = 8
 STREAM_SHARD_BATCHES = 16
 
 
