@@ -157,7 +157,10 @@ class StreamHandlers:
             claimed = store.claim(shard=header.shard, cursor=header.cursor, lease=header.lease)
             if isinstance(claimed, str):
                 store.counters.add(f"pushes_{terms.refusal_word(claimed)}")
-                if terms.refusal_word(claimed) == terms.APPLIED:
+                # The batch is in, or in this step's sum from another push (a chief restarted
+                # and leased it again): sync counts this worker's share as nothing, so the step
+                # does not wait for it.
+                if terms.refusal_word(claimed) in (terms.APPLIED, terms.BUSY):
                     policy.count_applied(header.id.task, header.step)
                 return self._update_reply(header, PushResult(False, store.step, claimed), context)
             claim = claimed
