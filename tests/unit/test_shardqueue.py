@@ -5,6 +5,9 @@ without an end, batches that diverged skipped, and nothing leased once training 
 
 from __future__ import annotations
 
+import threading
+import time
+
 from jaxps_runtime.data.shards import ShardPlan
 from jaxps_runtime.train.shardqueue import Lease, ShardQueue
 
@@ -72,6 +75,39 @@ def test_the_next_epoch_starts_only_once_every_shard_is_done_and_none_is_leased(
     assert (following.epoch, following.shard, following.start) == (1, 0, 0)
     counts = queue.counts()
     assert (counts.epoch, counts.done, counts.leased) == (1, 0, 1)
+
+
+def test_an_ask_held_at_the_epochs_end_is_answered_as_soon_as_the_epoch_turns() -> None:
+    queue = _queue()
+    leases = [_lease(queue) for _ in range(3)]
+    answers: list[Lease | None] = []
+    held = threading.Thread(target=lambda: answers.append(queue.lease("w-1", wait=60).lease))
+    started = time.monotonic()
+    held.start()
+    queue.done("worker-0", [x.lease for x in leases[:2]])  # not the last: still held
+    time.sleep(0.05)  # (a chance to answer too early, which the assertion below would see)
+    assert held.is_alive()
+    queue.done("worker-0", [leases[2].lease])
+    held.join(timeout=30)
+    assert not held.is_alive(), "the held ask was not answered when the epoch ended"
+    assert time.monotonic() - started < 30
+    assert answers[0] is not None and (answers[0].epoch, answers[0].shard) == (1, 0)
+
+
+def test_a_held_ask_ends_with_no_shard_after_its_wait_or_when_training_ends() -> None:
+    queue = _queue()
+    for _ in range(3):
+        _lease(queue)
+    started = time.monotonic()
+    answer = queue.lease("w-1", wait=0.2)
+    assert answer.lease is None and not answer.over
+    assert time.monotonic() - started >= 0.2
+    over: list[bool] = []
+    held = threading.Thread(target=lambda: over.append(queue.lease("w-1", wait=60).over))
+    held.start()
+    queue.finish()
+    held.join(timeout=30)
+    assert over == [True]
 
 
 def test_a_shard_given_back_goes_on_from_where_its_holder_got() -> None:

@@ -55,20 +55,22 @@ class CoordinatorState(_message.Message):
     def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., step: _Optional[int] = ..., stop: _Optional[bool] = ..., live_workers: _Optional[int] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("id", "task_incarnation", "done", "returned", "want", "leaving")
+    __slots__ = ("id", "task_incarnation", "done", "returned", "want", "leaving", "wait_ms")
     ID_FIELD_NUMBER: _ClassVar[int]
     TASK_INCARNATION_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     RETURNED_FIELD_NUMBER: _ClassVar[int]
     WANT_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     id: _tensor_pb2.Identity
     task_incarnation: int
     done: _containers.RepeatedScalarFieldContainer[int]
     returned: _containers.RepeatedCompositeFieldContainer[ReturnedLease]
     want: bool
     leaving: bool
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., task_incarnation: _Optional[int] = ..., done: _Optional[_Iterable[int]] = ..., returned: _Optional[_Iterable[_Union[ReturnedLease, _Mapping]]] = ..., want: _Optional[bool] = ..., leaving: _Optional[bool] = ...) -> None: ...
+    wait_ms: int
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., task_incarnation: _Optional[int] = ..., done: _Optional[_Iterable[int]] = ..., returned: _Optional[_Iterable[_Union[ReturnedLease, _Mapping]]] = ..., want: _Optional[bool] = ..., leaving: _Optional[bool] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class ReturnedLease(_message.Message):
     __slots__ = ("lease", "applied")

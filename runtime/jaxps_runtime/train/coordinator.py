@@ -33,6 +33,8 @@ from jaxps_runtime.wire.credentials import TaskCredentials
 
 log = logging.getLogger(__name__)
 
+MAX_LEASE_WAIT_MS = 1000  # how long a Lease call may be held (LeaseRequest.wait_ms)
+
 
 @dataclass
 class Member:
@@ -217,7 +219,7 @@ class CoordinatorServicer:
                 log.info("%s leaves the job (its leases given back)", worker)
             answer = Answer(waiting="leaving")
         elif request.want:
-            answer = self.queue.lease(worker)
+            answer = self.queue.lease(worker, wait=min(request.wait_ms, MAX_LEASE_WAIT_MS) / 1000)
         else:
             answer = Answer()
         m = self.membership
@@ -352,10 +354,12 @@ class CoordinatorClient:
         returned: Mapping[int, int] | None = None,
         want: bool = True,
         leaving: bool = False,
+        wait_ms: int = 0,
         timeout: float = 10.0,
     ) -> co_pb2.LeaseReply:
         """One call to the shard queue (`CoordinatorServicer.Lease`); raises grpc.RpcError
-        (the worker retries, or gives up when the chief stays away)."""
+        (the worker retries, or gives up when the chief stays away). `wait_ms`: the chief may
+        hold the call that long while the epoch's last shards are leased to others."""
         request = co_pb2.LeaseRequest(
             id=self._id,
             task_incarnation=self._incarnation,
@@ -365,8 +369,9 @@ class CoordinatorClient:
             ],
             want=want,
             leaving=leaving,
+            wait_ms=wait_ms,
         )
-        reply: co_pb2.LeaseReply = self._calls["Lease"](request, timeout=timeout)
+        reply: co_pb2.LeaseReply = self._calls["Lease"](request, timeout=timeout + wait_ms / 1000)
         return reply
 
     def close(self) -> None:

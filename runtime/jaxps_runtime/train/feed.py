@@ -3,20 +3,24 @@ shard asked for ahead of time so that asking costs no step.
 
     feed.batch() -> Position (train it) or None (no shard now: the epoch is ending);
                     raises TrainingOverError once the queue leases nothing more
+    feed.wait(s)    with no shard: waits up to s seconds for one (back as soon as it is in)
     feed.settle(replies)  the ps's answers to its push: the next batch, the same again, or
                     another shard (a ps took the lease back)
     feed.reset()    the ps tier was rolled back: every lease is void
     feed.leave(...) give every lease back and leave the job (the worker drains)
 
 Not thread-safe: the worker's loop only; the one background thread it starts only asks the chief
-for the next shard and reports shards done.
+for the next shard. Shards done ride on the next ask (no call of their own): the chief learns of
+them a shard late, except at an epoch's end, where every ask carries them at once.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import wait as wait_for
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -37,6 +41,22 @@ _NOT_COUNTED = frozenset({terms.REVOKED, terms.GAP, terms.BUSY})
 def refused_position(replies: list[Any]) -> bool:
     """A ps refused the push for its data position, not as applied: it did not count there."""
     return any(not r.accepted and terms.refusal_word(r.reason) in _NOT_COUNTED for r in replies)
+
+
+_POLL_MS = 1000  # how long the chief may hold an ask at an epoch's end (see MAX_LEASE_WAIT_MS)
+_AGAIN = 0.02  # seconds between asks that found no shard
+_HELD = 0.05  # ... while the chief brings the ps tier up, or is away
+
+
+@dataclass
+class _Asked:
+    """One ask of the chief's queue, done in the background: its reply or error, and the
+    shards done it reported (reported again with the next ask if it failed)."""
+
+    done: list[int]
+    reply: co_pb2.LeaseReply | None = None
+    error: grpc.RpcError | None = None
+    polled: bool = field(default=False)
 
 
 class TrainingOverError(Exception):
@@ -63,8 +83,10 @@ class Feed:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"{name}-feed")
         self.current: co_pb2.ShardLease | None = None
         self.at = 0  # the batch of `current` next, in its epoch's order
-        self._ahead: Future[co_pb2.LeaseReply] | None = None
+        self._ahead: Future[_Asked] | None = None  # the ask in flight
         self._done: list[int] = []  # leases applied, not reported yet
+        self._ending = False  # the last answer: the epoch's last shards are others'
+        self._next_ask = 0.0  # (monotonic) no ask before then
         self.waiting = ""  # why there is no shard now
         self.hold = False  # and whether that is the chief bringing the ps tier up
         self.epoch = 0
@@ -74,7 +96,8 @@ class Feed:
         """The batch to train now; None when the queue has none for this worker right now."""
         if self.current is None or self.at >= self.current.end:
             if self.current is not None:
-                self._finished()
+                self._done.append(self.current.lease)
+                self.current = None
             self.current = self._take()
             if self.current is None:
                 return None
@@ -91,7 +114,7 @@ class Feed:
                 return self.batch()
         lease = self.current
         if self.at == lease.end - 1 and self._ahead is None:  # the last batch: ask ahead
-            self._ahead = self._pool.submit(self._ask, [], True)
+            self._ahead = self._submit(poll=False)
         return Position(
             epoch=lease.epoch,
             batch=self.at,
@@ -100,6 +123,15 @@ class Feed:
             lease=lease.lease,
             skip=self.at in lease.skip,
         )
+
+    def wait(self, seconds: float) -> None:
+        """With no shard: waits up to `seconds` for the ask in flight to be answered, or until
+        the next ask is due."""
+        ahead = self._ahead
+        if ahead is not None:
+            wait_for([ahead], timeout=seconds)
+        else:
+            time.sleep(max(0.0, min(seconds, self._next_ask - time.monotonic())))
 
     def settle(self, replies: list[Any], *, step: int) -> bool:
         """The ps's replies to the push of the current batch (`FrameHeader`s). True, and on to
@@ -127,7 +159,7 @@ class Feed:
 
     def reset(self) -> None:
         """The ps tier was brought up again at a new epoch: leases and reports are void."""
-        self.current, self._done = None, []
+        self.current, self._done, self._ending = None, [], False
         if self._ahead is not None:
             self._ahead.cancel()
             self._ahead = None
@@ -136,18 +168,17 @@ class Feed:
         """Gives every lease back (the current one from the batch it is at) and leaves, over
         `coordinator`, which it closes."""
         returned: dict[int, int] = {}
+        done = list(self._done)
         if self.current is not None:
             returned[self.current.lease] = self.at - self.current.first
         ahead = self._ahead
         if ahead is not None and ahead.done() and not ahead.cancelled():
-            try:
-                reply = ahead.result()
-                if reply.HasField("lease"):
-                    returned[reply.lease.lease] = reply.lease.start
-            except grpc.RpcError:
-                pass
+            asked = ahead.result()
+            done += asked.done if asked.reply is None else []
+            if asked.reply is not None and asked.reply.HasField("lease"):
+                returned[asked.reply.lease.lease] = asked.reply.lease.start
         try:
-            coordinator.lease(done=self._done, returned=returned, want=False, leaving=True)
+            coordinator.lease(done=done, returned=returned, want=False, leaving=True)
             log.info("%s: gave back %d leases and left the job", self._name, len(returned))
         except grpc.RpcError as err:
             log.warning("%s: could not give its leases back: %s", self._name, err.details())
@@ -164,38 +195,51 @@ class Feed:
         c = self.current
         return terms.shard_key(c.epoch, c.shard) if c is not None else "-"
 
-    def _finished(self) -> None:
-        assert self.current is not None
-        self._done.append(self.current.lease)
-        self.current = None
-        if self._ahead is not None:  # report it now, without waiting
-            done, self._done = self._done, []
-            self._pool.submit(self._ask, done, False)
+    def _submit(self, *, poll: bool) -> Future[_Asked]:
+        """Asks for the next shard in the background, reporting the shards done so far; `poll`:
+        the chief holds the ask until a shard is free (the epoch's end)."""
+        done, self._done = self._done, []
+        return self._pool.submit(self._ask, done, poll)
 
     def _take(self) -> co_pb2.ShardLease | None:
-        ahead, self._ahead = self._ahead, None
-        reply: co_pb2.LeaseReply | None = None
-        if ahead is not None:
-            try:
-                reply = ahead.result()
-            except (grpc.RpcError, RuntimeError):  # RuntimeError: cancelled at shutdown
-                reply = None
-        if reply is None or not reply.HasField("lease"):
-            done, self._done = self._done, []
-            try:
-                reply = self._ask(done, True)
-            except grpc.RpcError as err:  # the chief is away (restarting): ask again later
-                self._done = done + self._done
-                self.waiting = f"the chief's shard queue to answer ({err.code().name})"
-                self.hold = True
+        """The next shard, or None (why in `waiting`). Blocks on an ask that is answered at
+        once; an ask held at the epoch's end is only looked at (a sync worker pushes its idle
+        share meanwhile)."""
+        if self._ahead is None:
+            if time.monotonic() < self._next_ask:
                 return None
+            self._ahead = self._submit(poll=self._ending)
+        ahead = self._ahead
+        if ahead.cancelled():  # at shutdown
+            self._ahead = None
+            return None
+        if self._ending and not ahead.done():
+            return None
+        asked = ahead.result()
+        self._ahead = None
+        if asked.error is not None:  # the chief is away (restarting): ask again later
+            self._done = asked.done + self._done
+            self.waiting = f"the chief's shard queue to answer ({asked.error.code().name})"
+            self.hold, self._ending = True, False
+            self._next_ask = time.monotonic() + _HELD
+            return None
+        reply = asked.reply
+        assert reply is not None
         self.epoch = reply.epoch
         if reply.over:
             raise TrainingOverError(reply.waiting)
         if not reply.HasField("lease"):
             self.waiting, self.hold = reply.waiting, reply.hold
+            again = self._ending and asked.polled  # a held ask: ask again at once
+            self._ending = not reply.hold
+            if not self._ending:
+                self._next_ask = time.monotonic() + _HELD
+            elif not again:  # the first ask that found the epoch ending: hold the next one
+                return self._take()
+            else:
+                self._next_ask = time.monotonic() + _AGAIN
             return None
-        self.waiting = ""
+        self.waiting, self._ending = "", False
         return reply.lease
 
     def _give_back(self, returned: dict[int, int]) -> None:
@@ -204,5 +248,9 @@ class Feed:
         except grpc.RpcError as err:  # the chief takes it back when it finds the worker gone
             log.warning("%s: could not give a lease back: %s", self._name, err.details())
 
-    def _ask(self, done: list[int], want: bool) -> co_pb2.LeaseReply:
-        return self._coordinator.lease(done=done, want=want)
+    def _ask(self, done: list[int], poll: bool) -> _Asked:
+        try:
+            reply = self._coordinator.lease(done=done, want=True, wait_ms=_POLL_MS if poll else 0)
+        except grpc.RpcError as err:
+            return _Asked(done=done, error=err)
+        return _Asked(done=done, reply=reply, polled=poll)

@@ -32,6 +32,8 @@ from jaxps_runtime.wire import terms
 
 log = logging.getLogger(__name__)
 
+_MAX_WAITERS = 8  # of the chief's 16 RPC threads
+
 
 @dataclass(frozen=True)
 class Lease:
@@ -76,6 +78,8 @@ class ShardQueue:
     def __init__(self, plan: ShardPlan, *, first_lease: int | None = None) -> None:
         self.plan = plan
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a shard done, given or taken back
+        self._waiters = 0  # Lease calls held now (each holds one of the chief's RPC threads)
         # Lease ids grow over the job's life, across chief restarts: a new chief starts above
         # any id an earlier one gave (microseconds since the epoch of the clock).
         self._next_lease = first_lease if first_lease is not None else time.time_ns() // 1000
@@ -109,12 +113,14 @@ class ShardQueue:
             self._ready = True
             if self._epoch_complete():
                 self._start_epoch(self._epoch + 1, {})
+            self._changed.notify_all()
         log.info("shard queue at data epoch %d: %s", self._epoch, self._describe())
 
     def hold(self) -> None:
         """The chief rolls the ps tier back: nothing is leased until `restore`."""
         with self._lock:
             self._ready = False
+            self._changed.notify_all()
 
     def skip(self, epoch: int, batch: int) -> None:
         """Batch `batch` of data epoch `epoch` diverged (training.onDivergence: rollback): its
@@ -126,6 +132,7 @@ class ShardQueue:
         """Training is over: nothing more is leased."""
         with self._lock:
             self._over = True
+            self._changed.notify_all()
 
     def observe(self, positions: Mapping[str, int]) -> None:
         """The ps tier's data positions (the lowest over the ps), as the chief last saw them."""
@@ -142,6 +149,8 @@ class ShardQueue:
                 del self._leases[lease.lease]
                 self._back(lease, self._observed.get(lease.key, 0))
                 self._reclaimed += 1
+            if taken:
+                self._changed.notify_all()
         for lease in taken:
             log.warning(
                 "took back shard %s from %s (lease %d): it goes on from batch %d of %d",
@@ -169,41 +178,57 @@ class ShardQueue:
 
     # --- the workers -------------------------------------------------------------------------
 
-    def lease(self, worker: str) -> Answer:
-        """The next shard for `worker`, or why there is none now."""
+    def lease(self, worker: str, *, wait: float = 0.0) -> Answer:
+        """The next shard for `worker`, or why there is none now. With `wait` (seconds), while
+        the epoch's last shards are leased to others, waits up to that long for one to be free
+        or the next epoch to start (a worker idle at an epoch's end gets its shard at once)."""
+        deadline = time.monotonic() + wait
         with self._lock:
-            if self._over:
-                return Answer(waiting="training is over", over=True)
-            if not self._ready:
-                return Answer(waiting="the chief to bring the ps tier up", hold=True)
-            if not self._todo and self._epoch_complete():
-                self._start_epoch(self._epoch + 1, {})
-                log.info("data epoch %d starts: %s", self._epoch, self._describe())
-            if not self._todo and self.plan.shards is None:
-                self._todo.append(self._fresh)
-                self._fresh += 1
-            if not self._todo:
-                return Answer(
-                    waiting=f"data epoch {self._epoch} to end: its last "
-                    f"{len(self._leases)} shards are leased to others"
-                )
-            shard = self._todo.pop(0)
-            first, end = self.plan.span(shard)
-            lease = Lease(
-                lease=self._next_lease,
-                worker=worker,
-                epoch=self._epoch,
-                shard=shard,
-                first=first,
-                end=end,
-                start=self._applied.get(shard, 0),
-                skip=tuple(
-                    sorted(b for e, b in self._skip if e == self._epoch and first <= b < end)
-                ),
+            while True:
+                answer = self._lease(worker)
+                left = deadline - time.monotonic()
+                if answer.lease is not None or answer.over or answer.hold or left <= 0:
+                    return answer
+                if self._waiters >= _MAX_WAITERS:  # the chief's RPC threads are for others too
+                    return answer
+                self._waiters += 1
+                try:
+                    self._changed.wait(left)
+                finally:
+                    self._waiters -= 1
+
+    def _lease(self, worker: str) -> Answer:
+        """`lease` without waiting, with the lock held."""
+        if self._over:
+            return Answer(waiting="training is over", over=True)
+        if not self._ready:
+            return Answer(waiting="the chief to bring the ps tier up", hold=True)
+        if not self._todo and self._epoch_complete():
+            self._start_epoch(self._epoch + 1, {})
+            log.info("data epoch %d starts: %s", self._epoch, self._describe())
+        if not self._todo and self.plan.shards is None:
+            self._todo.append(self._fresh)
+            self._fresh += 1
+        if not self._todo:
+            return Answer(
+                waiting=f"data epoch {self._epoch} to end: its last "
+                f"{len(self._leases)} shards are leased to others"
             )
-            self._next_lease += 1
-            self._leases[lease.lease] = lease
-            return Answer(lease=lease)
+        shard = self._todo.pop(0)
+        first, end = self.plan.span(shard)
+        lease = Lease(
+            lease=self._next_lease,
+            worker=worker,
+            epoch=self._epoch,
+            shard=shard,
+            first=first,
+            end=end,
+            start=self._applied.get(shard, 0),
+            skip=tuple(sorted(b for e, b in self._skip if e == self._epoch and first <= b < end)),
+        )
+        self._next_lease += 1
+        self._leases[lease.lease] = lease
+        return Answer(lease=lease)
 
     def done(self, worker: str, leases: Iterable[int]) -> None:
         """`worker`'s shards of `leases` are applied on every ps. A lease taken back meanwhile
@@ -216,6 +241,7 @@ class ShardQueue:
                 del self._leases[id_]
                 self._applied[lease.shard] = lease.end - lease.first
                 self._done.add(lease.shard)
+                self._changed.notify_all()
 
     def give_back(self, worker: str, returned: Mapping[int, int]) -> None:
         """`worker` leaves: its leases ({lease: batches of its shard applied on every ps}) go
@@ -233,6 +259,7 @@ class ShardQueue:
                     self._applied[lease.shard] = min(self._applied.get(lease.shard, 0), applied)
                     lease = dataclasses.replace(lease, start=applied)
                 self._back(lease, applied)
+                self._changed.notify_all()
 
     # --- with the lock held ------------------------------------------------------------------
 

@@ -274,7 +274,9 @@ class Worker:
                 return self._push_nothing(None, min_step=min_step, sync=sync)
             if share and training.mode is ModeKind.BOUNDED_STALENESS:  # it holds nobody back
                 self._push_nothing(None, min_step=0, sync=sync)
-            task.stop.sleep(min(0.05, training.heartbeatSeconds))
+                self.feed.wait(min(0.05, training.heartbeatSeconds))
+            else:  # back as soon as a shard is in
+                self.feed.wait(min(0.25, training.heartbeatSeconds))
             return 0
         if at.skip:  # diverged before: the position moves past it, no gradient
             return self._push_nothing(at, min_step=min_step, sync=sync)
