@@ -74,7 +74,8 @@ def _reference_sync(training: config.TrainingConfig, *, workers: int) -> dict[st
     plan = ShardPlan.of(data, batch_size=training.batchSize, seed=training.seed)
     per_shard = plan.shard_batches
     assert plan.batches is not None
-    assert training.steps * workers <= plan.batches - plan.batches % (per_shard * workers)
+    head = plan.batches - plan.tail  # before the epoch's one-batch shards
+    assert training.steps * workers <= head - head % (per_shard * workers)
     params = model.init(jax.random.PRNGKey(training.seed))
     names = placement.named_leaves(params)[1]
     values = {n: np.asarray(v) for n, v in names.items()}

@@ -91,7 +91,8 @@ def test_an_ask_held_at_the_epochs_end_is_answered_as_soon_as_the_epoch_turns() 
     held.join(timeout=30)
     assert not held.is_alive(), "the held ask was not answered when the epoch ended"
     assert time.monotonic() - started < 30
-    assert answers[0] is not None and (answers[0].epoch, answers[0].shard) == (1, 0)
+    assert answers[0] is not None
+    assert (answers[0].epoch, answers[0].shard) == (1, 0)
 
 
 def test_a_held_ask_ends_with_no_shard_after_its_wait_or_when_training_ends() -> None:
@@ -100,7 +101,8 @@ def test_a_held_ask_ends_with_no_shard_after_its_wait_or_when_training_ends() ->
         _lease(queue)
     started = time.monotonic()
     answer = queue.lease("w-1", wait=0.2)
-    assert answer.lease is None and not answer.over
+    assert answer.lease is None
+    assert not answer.over
     assert time.monotonic() - started >= 0.2
     over: list[bool] = []
     held = threading.Thread(target=lambda: over.append(queue.lease("w-1", wait=60).over))

@@ -66,6 +66,31 @@ def test_shards_cut_the_epochs_batches_the_last_one_holding_those_left() -> None
     assert [plan.span(s) for s in range(3)] == [(0, 2), (2, 4), (4, 5)]
 
 
+@pytest.mark.parametrize(
+    ("batches", "per_shard", "tail"), [(45, 5, 5), (10, 3, 3), (4, 3, 3), (7, 1, 0)]
+)
+def test_an_epochs_last_batches_are_shards_of_one_and_every_batch_is_in_one_shard(
+    batches: int, per_shard: int, tail: int
+) -> None:
+    plan = ShardPlan(
+        examples=batches * 4 - 1, batch_size=4, shard_batches=per_shard, seed=0, tail=tail
+    )
+    assert plan.shards is not None
+    spans = [plan.span(s) for s in range(plan.shards)]
+    assert [b for first, end in spans for b in range(first, end)] == list(range(batches))
+    assert all(end - first == 1 for first, end in spans[len(spans) - tail :])
+    assert all(1 <= end - first <= per_shard for first, end in spans)
+
+
+def test_a_plan_of_a_dataset_ends_each_epoch_with_shards_of_one_batch() -> None:
+    plan = ShardPlan.of(_arrays(1437), batch_size=32, seed=0)  # digits: 45 batches
+    assert (plan.batches, plan.shard_batches, plan.tail) == (45, 5, 5)
+    assert (plan.span(7), plan.span(8)) == ((35, 40), (40, 41))  # 8 shards of 5, 5 of 1
+    assert plan.shards == 13
+    assert plan.span(12) == (44, 45)
+    assert "the last 5 of one batch" in str(plan)
+
+
 def test_orders_differ_by_epoch_and_seed_and_are_the_same_everywhere() -> None:
     plan = ShardPlan(examples=200, batch_size=200, shard_batches=1, seed=1)
     first = plan.rows(0, 0)
@@ -84,7 +109,8 @@ def test_a_plan_of_a_dataset_cuts_each_epoch_into_many_shards_of_at_most_32_batc
     assert (plan.examples, plan.batch_size, plan.seed) == (1000, 10, 3)
     assert plan.batches == 100
     assert plan.shard_batches == 100 // MIN_SHARDS_PER_EPOCH  # at least that many shards
-    assert plan.shards == -(-100 // plan.shard_batches)
+    assert plan.tail == plan.shard_batches  # then a shard's worth of one-batch shards
+    assert plan.shards == -(-(100 - plan.tail) // plan.shard_batches) + plan.tail
     assert plan.shards >= MIN_SHARDS_PER_EPOCH
     assert ShardPlan.of(_arrays(100_000), batch_size=10, seed=0).shard_batches == MAX_SHARD_BATCHES
     tiny = ShardPlan.of(_arrays(3), batch_size=10, seed=0)

@@ -3,8 +3,11 @@ reads. Pure and deterministic, so the chief and every worker agree on it without
 
 Each data epoch draws an order of the training rows from (seed, epoch), cuts it into batches of
 `batch_size` rows (the epoch's last batch holds the rows left, fewer when the size does not
-divide) and the batches into shards of `shard_batches` batches. Records are never repeated or
-skipped inside an epoch, and an epoch ends exactly where its rows do.
+divide) and the batches into shards of `shard_batches` batches, except its last `tail` batches,
+one shard each: the workers that finish first take those while the others finish their shards,
+so an epoch's end (which the next epoch waits for) leaves nobody idle for more than a batch.
+Records are never repeated or skipped inside an epoch, and an epoch ends exactly where its rows
+do.
 
 A dataset of the `Dataset` protocol that only says `train_batch(worker, num_workers, step,
 batch_size)` (the user's own object, of unknown size) is one endless stream instead: its batch
@@ -42,6 +45,7 @@ class ShardPlan:
     batch_size: int
     shard_batches: int
     seed: int
+    tail: int = 0  # the epoch's last batches, one shard each (not for a stream)
 
     @classmethod
     def of(cls, dataset: Dataset, *, batch_size: int, seed: int) -> ShardPlan:
@@ -50,7 +54,8 @@ class ShardPlan:
             return cls(None, batch_size, STREAM_SHARD_BATCHES, seed)
         batches = math.ceil(examples / batch_size)
         per_shard = max(1, min(MAX_SHARD_BATCHES, batches // MIN_SHARDS_PER_EPOCH))
-        return cls(examples, batch_size, per_shard, seed)
+        tail = min(per_shard, batches - 1) if per_shard > 1 else 0
+        return cls(examples, batch_size, per_shard, seed, tail)
 
     @property
     def batches(self) -> int | None:
@@ -61,13 +66,16 @@ class ShardPlan:
     def shards(self) -> int | None:
         """Shards per epoch (None for a stream)."""
         batches = self.batches
-        return None if batches is None else math.ceil(batches / self.shard_batches)
+        if batches is None:
+            return None
+        return self._head_shards(batches) + self.tail
 
     def __str__(self) -> str:
         cut = f"shards of {self.shard_batches} batches of {self.batch_size}"
         if self.examples is None:
             return f"a stream: {cut}"
-        return f"{self.examples} examples a data epoch, {self.shards} {cut}"
+        tail = f" (the last {self.tail} of one batch)" if self.tail else ""
+        return f"{self.examples} examples a data epoch, {self.shards} {cut}{tail}"
 
     @property
     def short_batch(self) -> int | None:
@@ -79,10 +87,19 @@ class ShardPlan:
 
     def span(self, shard: int) -> tuple[int, int]:
         """The batches [first, end) of `shard` in its epoch."""
-        first = shard * self.shard_batches
-        end = first + self.shard_batches
         batches = self.batches
-        return first, end if batches is None else min(end, batches)
+        if batches is None:
+            first = shard * self.shard_batches
+            return first, first + self.shard_batches
+        head = self._head_shards(batches)
+        if shard >= head:  # one batch of the tail
+            first = batches - self.tail + (shard - head)
+            return first, first + 1
+        first = shard * self.shard_batches
+        return first, min(first + self.shard_batches, batches - self.tail)
+
+    def _head_shards(self, batches: int) -> int:
+        return math.ceil((batches - self.tail) / self.shard_batches)
 
     def rows(self, epoch: int, batch: int) -> np.ndarray:
         """The training rows of batch `batch` of `epoch` (int64), in the epoch's order."""
