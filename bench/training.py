@@ -1,11 +1,12 @@
 """Training speed: jaxps jobs on 127.0.0.1 against a single-process JAX loop on the same data.
 
 Prints one JSON object per measurement (DEVELOPERS.md format). Cases: `mlp` on digits with
-2 ps + 2 workers in sync and async mode, and the `embedding` model (200,000-row table, rows
-pulled sparsely) in async mode. For each: examples per second (ratio to the single-process
-loop, same model, optimizer and batch size: above 1 means the job is faster), global steps
-per second, and the worker's per-step split between pull, compute and push (measured by the
-workers after their first, compiling, step).
+2 ps + 2 workers in sync and async mode, the same sync job as the user's own loop (the TF1
+trainer ported in examples/programs/tf1_mnist.py, `training.program`), and the `embedding`
+model (200,000-row table, rows pulled sparsely) in async mode. For each: examples per second
+(ratio to the single-process loop, same model, optimizer and batch size: above 1 means the job
+is faster), global steps per second, and the worker's per-step split between pull, compute and
+push (measured by the workers after their first, compiling, step).
 
     python bench/transport.py is the transport benchmark; this one is end to end:
     python bench/training.py [--steps 600]
@@ -34,6 +35,7 @@ from jaxps_runtime.model import builtin as models
 from tests.process import harness
 
 BENCH = "training"
+ROOT = Path(__file__).resolve().parent.parent
 CASES: dict[str, dict[str, Any]] = {
     "mlp-2ps-2w-sync": {
         "model": {"name": "mlp"},
@@ -44,6 +46,14 @@ CASES: dict[str, dict[str, Any]] = {
     "mlp-2ps-2w-async": {
         "model": {"name": "mlp"},
         "mode": "async",
+        "batchSize": 32,
+        "optimizer": {"name": "adam", "kwargs": {"learning_rate": 0.01}},
+    },
+    # The guide's TF1 trainer ported line by line (examples/programs/tf1_mnist.py): the same
+    # model as mlp-2ps-2w-sync, in the user's own loop (training.program) on the session.
+    "tf1-program-2ps-2w-sync": {
+        "program": "tf1_mnist:main",
+        "mode": "sync",
         "batchSize": 32,
         "optimizer": {"name": "adam", "kwargs": {"learning_rate": 0.01}},
     },
@@ -92,7 +102,10 @@ def single_process(training: config.TrainingConfig, *, steps: int) -> float:
 def distributed(raw: dict[str, Any], *, workers: int, ps: int = 2) -> dict[str, Any]:
     """The summary of a local job with `ps` ps and `workers` workers training `raw`."""
     with tempfile.TemporaryDirectory(prefix="jaxps-bench-") as logs:
-        job = harness.LocalJob.start(training=raw, log_dir=Path(logs), ps=ps, workers=workers)
+        programs = {"PYTHONPATH": str(ROOT / "examples" / "programs")}
+        job = harness.LocalJob.start(
+            training=raw, log_dir=Path(logs), ps=ps, workers=workers, extra_env=programs
+        )
         try:
             codes = job.wait(timeout=900)
             if any(code != 0 for code in codes.values()):

@@ -10,7 +10,7 @@ worker, chief or evaluator (`stopping`): it did not finish.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +18,7 @@ import jax
 
 from jaxps_runtime.config import cluster
 from jaxps_runtime.config import training as config
+from jaxps_runtime.data import factory
 from jaxps_runtime.data.shards import ShardPlan
 from jaxps_runtime.model import builtin as models
 from jaxps_runtime.process import stopping, termination
@@ -112,12 +113,20 @@ def _start_problems(state: Task, *, where: str) -> list[str]:
         optim.build(state.training.optimizer, where=f"{where}.optimizer")
     except optim.OptimizerError as err:
         found.append(str(err))
-    for build in (lambda: state.model, lambda: state.dataset):
+    program = state.training.program
+    builds: list[Callable[[], object]] = [
+        # a program's variables are declared by its own code, as it runs: no model to build
+        (lambda: state.model)
+        if program is None
+        else (lambda: factory.find(program, field=f"{where}.program")),
+        lambda: state.dataset,
+    ]
+    for build in builds:
         try:
             build()
         except models.ModelError as err:
             found.append(str(err))
-    if not found:
+    if not found and program is None:
         found += _batch_problems(state)
     return found
 
@@ -164,12 +173,14 @@ def _invalid_training(problems: Sequence[str]) -> int:
 def _play(state: Task, *, bind: str | None) -> int:
     """Runs the task's role to its end; its exit code. Raises `Stopped` once told to stop,
     whatever the role's calls raised on the way out."""
-    from jaxps_runtime.train import chief, evaluator, worker  # noqa: PLC0415
+    from jaxps_runtime.train import chief, evaluator, program, worker  # noqa: PLC0415
 
     spec, stop = state.spec, state.stop
     task = spec.task
     try:
         stop.check()
+        if state.training.program is not None:  # the user's own loop, on every task
+            return program.run(state, bind=bind)
         if task.type == cluster.CHIEF:
             return chief.Chief(state, trains=False, bind=bind).run()
         if task.type == cluster.WORKER and task.is_chief(spec.cluster):

@@ -174,6 +174,11 @@ BAD = [
         "training.model.module: 'mymodels' is malformed; expected 'package.module:factory'",
     ),
     (
+        {"program": "train_loop"},
+        "training.program: 'train_loop' is malformed; expected 'package.module:factory'",
+    ),
+    ({"program": 7}, "training.program: got 7; expected a non-empty string"),
+    (
         {"placement": {"strategy": "random"}},
         'training.placement.strategy: got "random"; expected one of greedy, roundRobin',
     ),
@@ -274,6 +279,13 @@ def test_a_user_model_is_checked_for_its_form_only_not_imported() -> None:
     training = config.parse(raw)
     assert training.model.module == "no_such_pkg.models:make"
     assert training.dataset.name == "synthetic"  # a user model's default dataset
+    assert "no_such_pkg" not in sys.modules
+
+
+def test_a_program_is_checked_for_its_form_only_and_the_model_is_not_fitted_to_the_data() -> None:
+    raw = {"program": "no_such_pkg.loops:main", "dataset": {"name": "synthetic"}}
+    training = config.parse(raw)  # the default model (mlp) would not fit synthetic's y
+    assert training.program == "no_such_pkg.loops:main"
     assert "no_such_pkg" not in sys.modules
 
 

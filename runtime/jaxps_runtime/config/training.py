@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jaxps_runtime.config import fit
+from jaxps_runtime.config import catalog, fit
 from jaxps_runtime.config.exits import (
     EXIT_DIVERGED,
     EXIT_INVALID_TRAINING,
@@ -134,6 +134,9 @@ class TrainingConfig:
     onDivergence: str = setting("fail", allowed=ON_DIVERGENCE)  # noqa: N815
     maxRollbacks: int = setting(3, minimum=0)  # noqa: N815 - rollbacks before the job fails
     summaryEverySteps: int = setting(10, minimum=1)  # noqa: N815 - a TensorBoard point per N
+    # "package.module:main": the user's own loop (`train.program`) instead of the built-in
+    # one over `model`'s loss; the dataset is still the job's (its shard queue), if it reads it
+    program: str | None = None
 
     @property
     def mode(self) -> ModeKind:
@@ -186,6 +189,7 @@ _SCALARS = (
     "maxRollbacks",
     "summaryEverySteps",
     "exportPath",
+    "program",
 )
 _REFUSED = object()
 
@@ -239,7 +243,10 @@ def _check(
                 f"more than heartbeatSeconds ({heartbeat})",
             )
         )
-    if model is not None and dataset is not None:
+    program = scalars["program"]
+    if program is not None and "program" not in refused:
+        found.check(None, lambda: catalog.check_module(program, where=f"{path}.program"))
+    elif model is not None and dataset is not None:  # a program's loop has no model to fit
         found.found += fit.fit_problems(model, dataset, path=path)
     on_divergence = scalars["onDivergence"]
     if on_divergence == "rollback" and checkpoint is not None and checkpoint.dir is None:

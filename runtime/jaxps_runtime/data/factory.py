@@ -12,31 +12,36 @@ from jaxps_runtime.config import catalog
 ModelError = catalog.ModelError
 
 
-def from_factory(module: str, kwargs: Mapping[str, Any] | None, *, field: str) -> Any:
-    """``factory(**kwargs)`` of ``module = "package.module:factory"``; errors name
-    `<field>.module` or `<field>.kwargs`."""
-    where = f"{field}.module"
+def find(module: str, *, field: str) -> Callable[..., Any]:
+    """The callable ``module = "package.module:name"`` names, imported; errors name `field`."""
     expected = "expected 'package.module:factory', importable from PYTHONPATH"
-    module_name, factory_path = catalog.check_module(module, where=where)
+    module_name, factory_path = catalog.check_module(module, where=field)
     try:
         obj: Any = importlib.import_module(module_name)
     except Exception as err:
         raise ModelError(
-            f"{where}: {module!r}: cannot import {module_name!r} "
+            f"{field}: {module!r}: cannot import {module_name!r} "
             f"({type(err).__name__}: {err}); {expected}"
         ) from err
     for attr in factory_path.split("."):
         if not hasattr(obj, attr):
             raise ModelError(
-                f"{where}: {module!r}: {module_name!r} has no attribute {factory_path!r}; "
+                f"{field}: {module!r}: {module_name!r} has no attribute {factory_path!r}; "
                 f"{expected}"
             )
         obj = getattr(obj, attr)
     if not callable(obj):
-        raise ModelError(f"{where}: {module!r}: {factory_path!r} is not callable; {expected}")
+        raise ModelError(f"{field}: {module!r}: {factory_path!r} is not callable; {expected}")
+    found: Callable[..., Any] = obj
+    return found
+
+
+def from_factory(module: str, kwargs: Mapping[str, Any] | None, *, field: str) -> Any:
+    """``factory(**kwargs)`` of ``module = "package.module:factory"``; errors name
+    `<field>.module` or `<field>.kwargs`."""
+    factory = find(module, field=f"{field}.module")
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise ModelError(f"{field}.kwargs: expected an object of keyword arguments, got {kwargs!r}")
-    factory: Callable[..., Any] = obj
     try:
         return factory(**(kwargs or {}))
     except ModelError:

@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from concurrent import futures
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -30,6 +31,17 @@ from jaxps_runtime.train.worker import Worker
 from jaxps_runtime.wire import rpc
 
 log = logging.getLogger(__name__)
+
+
+class WorkerZeroLike(Protocol):
+    """Worker 0's loop as the chief's run sees it: started once the ps tier is up, checked for a
+    failure while it watches, joined at the end."""
+
+    def start(self) -> None: ...
+
+    def check(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
 
 
 class WorkerZero:
@@ -76,7 +88,14 @@ class WorkerZero:
 class Chief:
     """Runs a job's coordination; with `trains`, also worker 0's training loop."""
 
-    def __init__(self, task: Task, *, trains: bool, bind: str | None = None) -> None:
+    def __init__(
+        self,
+        task: Task,
+        *,
+        trains: bool,
+        bind: str | None = None,
+        worker_zero: WorkerZeroLike | None = None,
+    ) -> None:
         self.task = task
         self.membership = Membership(
             job_id=task.job_id, workers=task.worker_names, now=time.monotonic()
@@ -107,7 +126,8 @@ class Chief:
         self.finish = Finish(
             task, membership=self.membership, checkpointer=checkpointer, started=time.monotonic()
         )
-        self.worker_zero = WorkerZero(task) if trains else None
+        # worker 0's loop: the built-in one in a thread, or the one given (a program's)
+        self.worker_zero = worker_zero or (WorkerZero(task) if trains else None)
         # Last: its TensorBoard writer's thread starts here, and `run` closes it.
         self.progress = Progress(task, membership=self.membership)
         self.coordination = Coordination(
