@@ -125,8 +125,11 @@ def main() -> None:
         training = config.parse(raw)
         baseline = single_process(training, steps=args.steps)
         summary = distributed(raw, workers=workers)
-        eps = float(summary["examplesPerSecond"])
+        # Global steps per second while every worker trained (the summary's span of first
+        # and last warm steps): the workers' own examples per second are counted to their last
+        # heartbeat, which on a job of seconds adds up to a heartbeat of waiting to the time.
         per_step = training.batchSize * (workers if training.mode is ModeKind.SYNC else 1)
+        eps = float(summary["stepsPerSecond"]) * per_step
         emit(
             case,
             metric="examples_per_second",
