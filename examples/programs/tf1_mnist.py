@@ -72,13 +72,14 @@ def main() -> None:
     #   train_op = tf.train.AdagradOptimizer(0.01).minimize(loss, global_step=global_step)
     #     (jaxps: training.optimizer, applied on each ps; the worker pushes the gradients)
     # hooks=[tf.train.StopAtStepHook(last_step=1000000)]
-    #     (jaxps: training.steps)
+    #     (jaxps: training.steps; and a LoggingTensorHook's counterpart)
+    hooks = [program.LoggingHook(every_steps=100)]
     # with tf.train.MonitoredTrainingSession(master=server.target,
     #                                        is_chief=(FLAGS.task_index == 0),
     #                                        checkpoint_dir="/tmp/train_logs",
     #                                        hooks=hooks) as mon_sess:
     #     (jaxps: the chief is the chief task, or worker 0; checkpoints: training.checkpoint)
-    with program.session(variables, evaluate=accuracy) as mon_sess:
+    with program.session(variables, evaluate=accuracy, hooks=hooks) as mon_sess:
         #   while not mon_sess.should_stop():
         while not mon_sess.should_stop():
             #   mon_sess.run(train_op)   (its feed: mnist.train.next_batch(...))

@@ -48,6 +48,9 @@ def test_the_ported_tf1_trainer_learns_as_well_as_the_built_in_loop(
     assert ported["step"] == BASE["steps"]
     assert ported["eval"]["accuracy"] >= 0.9
     assert ported["eval"]["accuracy"] >= builtin["eval"]["accuracy"] - 0.03, (ported, builtin)
+    # its LoggingHook (every 100 steps) logged on each worker
+    for worker in ("worker-0", "worker-1"):
+        assert " global step 200, loss " in (tmp_path / "ported" / f"{worker}.log").read_text()
 
 
 def test_a_gan_trains_its_two_networks_in_turns_each_with_its_own_optimizer_state(

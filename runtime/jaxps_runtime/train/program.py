@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -84,6 +85,43 @@ class Declared:
         if self._evaluate is None:
             return {}
         return dict(self._evaluate(params, batch))
+
+
+class Hook(Protocol):
+    """Called after each push of the session's loop (TensorFlow's `SessionRunHook.after_run`):
+    `step` is the global step the gradients were computed at, `applied` whether they counted."""
+
+    def after_step(self, session: Session, *, step: int, loss: float, applied: bool) -> None: ...
+
+
+@dataclass
+class LoggingHook:
+    """Logs the loss every `every_steps` global steps (TensorFlow's `LoggingTensorHook`)."""
+
+    every_steps: int = 100
+
+    def __post_init__(self) -> None:
+        if self.every_steps < 1:
+            raise ValueError(f"LoggingHook.every_steps: got {self.every_steps}; expected >= 1")
+
+    def after_step(self, session: Session, *, step: int, loss: float, applied: bool) -> None:
+        if applied and step % self.every_steps == 0:
+            log.info("%s: global step %d, loss %.6g", session.task.name, step, loss)
+
+
+class Hooked(Session):
+    """A worker's session that calls `hooks` after each push."""
+
+    def __init__(self, task: Task, *, hooks: Sequence[Hook]) -> None:
+        super().__init__(task)
+        self.hooks = tuple(hooks)
+
+    def push(self, grads: Mapping[str, Any], **kwargs: Any) -> bool:
+        step = self.global_step
+        applied = super().push(grads, **kwargs)
+        for hook in self.hooks:
+            hook.after_step(self, step=step, loss=self.loss, applied=applied)
+        return applied
 
 
 class Over:
@@ -145,9 +183,11 @@ def session(
     *,
     tables: Mapping[str, str] | None = None,
     evaluate: Evaluate | None = None,
+    hooks: Sequence[Hook] = (),
 ) -> Session | Over:
     """Declares the job's variables (a pytree of arrays) and opens this task's session (see
-    the module's doc). Once per process, from the function `training.program` names."""
+    the module's doc), whose pushes call `hooks` on a worker. Once per process, from the
+    function `training.program` names."""
     task = _task()
     if _current.get("declared"):
         raise RuntimeError("program.session: called twice; a task opens one session")
@@ -156,7 +196,7 @@ def session(
     role = task.spec.task
     if role.type in (cluster.CHIEF, cluster.EVALUATOR):  # its run follows the program's
         return Over(task)
-    opened = Session(task)
+    opened = Hooked(task, hooks=hooks)
     if role.is_chief(task.spec.cluster):  # worker 0 of a job without a chief task
         _current["chief"] = _ChiefThread(task, bind=_current.get("bind"), session=opened)
     return opened
