@@ -1,8 +1,10 @@
 """A small GAN, which the built-in loop cannot express: two networks, two losses, trained in
-turns. Even global steps update the discriminator, odd ones the generator; each step pushes the
-gradients of one network only, so each keeps its own optimizer state on the ps (two optimizers,
-as `tf.train.AdamOptimizer` twice in TF1). The real data is the loop's own: samples of
-N(4, 1.25); the generator learns to turn N(0, 1) noise into it.
+turns, with two optimizers. Even global steps update the discriminator, odd ones the generator;
+each step pushes the gradients of one network only. The generator is updated by the job's
+`training.optimizer`, the discriminator by an Adam of its own with half its learning rate
+(`optimizers=`; as `tf.train.AdamOptimizer` twice in TF1), each with its own state on the ps.
+The real data is the loop's own: samples of N(4, 1.25); the generator learns to turn N(0, 1)
+noise into it.
 
     PYTHONPATH=examples/programs jaxps local examples/gan.yaml
 
@@ -68,7 +70,11 @@ def main() -> None:
     training = program.training()
     d_step = jax.jit(jax.value_and_grad(d_loss))
     g_step = jax.jit(jax.value_and_grad(g_loss))
-    with program.session(build(jax.random.PRNGKey(training.seed)), evaluate=evaluate) as sess:
+    variables = build(jax.random.PRNGKey(training.seed))
+    discriminator = {"name": "adam", "kwargs": {"learning_rate": 0.001, "b1": 0.5}}
+    with program.session(
+        variables, evaluate=evaluate, optimizers={"discriminator": discriminator}
+    ) as sess:
         rng = np.random.default_rng()  # each worker its own samples
         while not sess.should_stop():
             params = sess.params()

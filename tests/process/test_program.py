@@ -4,11 +4,13 @@ in turns, and a ps, a worker and the chief killed under a user's loop leave a jo
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.process import harness, waiting
@@ -16,7 +18,8 @@ from tests.process import harness, waiting
 pytestmark = pytest.mark.process
 Metric = Callable[[int, str], float | None]
 PROGRAMS = Path(__file__).resolve().parents[2] / "examples" / "programs"
-ENV = {"PYTHONPATH": str(PROGRAMS)}
+TEST_PROGRAMS = Path(__file__).resolve().parent / "programs"
+ENV = {"PYTHONPATH": os.pathsep.join([str(PROGRAMS), str(TEST_PROGRAMS)])}
 BASE: dict[str, Any] = {
     "dataset": {"name": "digits"},
     "mode": "sync",
@@ -102,3 +105,35 @@ def test_a_ps_a_worker_and_the_chief_killed_under_a_users_loop_and_the_job_succe
     assert summary["step"] == steps
     assert len(summary["recoveries"]) >= 1  # the ps: restored from the last checkpoint
     assert summary["eval"]["accuracy"] >= 0.9
+
+
+def test_a_variable_with_an_optimizer_of_its_own_is_updated_by_it_through_a_ps_restore(
+    jobs: list[harness.LocalJob], tmp_path: Path, metric: Metric
+) -> None:
+    """`b` has SGD at learning rate 1e-12 (tests/process/programs/frozen.py), `w` the job's adam: a
+    ps lost at step 150 is restored from a checkpoint that holds each one's optimizer state."""
+    training = {
+        **BASE,
+        "program": "frozen:main",
+        "dataset": {"name": "synthetic", "kwargs": {"features": 8}},
+        "mode": "async",
+        "steps": 600,
+        "checkpoint": {"dir": str(tmp_path / "ckpt"), "everySteps": 50, "keep": 3},
+        "exportPath": str(tmp_path / "export.npz"),
+    }
+    job = harness.LocalJob.start(
+        training=training, log_dir=tmp_path / "logs", extra_env=ENV, chief=True
+    )
+    jobs.append(job)
+    chief = job.metrics_ports["chief-0"]
+    waiting.wait_for(lambda: (metric(chief, "jaxps_global_step") or 0) >= 150, job, what="step 150")
+    _kill_and_restart(job, "ps-0")
+    codes = job.wait(timeout=300)
+    assert all(code == 0 for code in codes.values()), f"{codes}\n{job.logs()}"
+    summary = job.summary()
+    assert summary["step"] == 600
+    assert len(summary["recoveries"]) == 1, summary
+    with np.load(tmp_path / "export.npz") as exported:
+        assert float(exported["['b']"]) == 0.5  # frozen.B0, exactly
+        assert np.abs(exported["['w']"]).max() > 0.1  # trained from zeros
+    assert "optimizer" in (tmp_path / "logs" / "ps-0.log").read_text()

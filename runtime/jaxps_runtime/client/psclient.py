@@ -149,14 +149,13 @@ class PsClient:
         mode: Mode | None = None,
         workers: Sequence[str] = (),
         tables: Collection[str] | None = None,
+        optimizers: Mapping[str, OptimizerConfig] | None = None,
     ) -> None:
-        """Declares every ps's shards and mode, then streams their initial values (chief only).
-
-        With `params` None the shards are only declared: `restore` fills them from a checkpoint.
-        `tables`: the variables workers update by rows (embedding tables, `Task.tables`); each
-        ps then refuses rows of any other shard and whole gradients of these. None declares
-        nothing (a ps then takes either kind of update of any shard).
-        """
+        """Declares every ps's shards and mode (`optimizers`: {variable: its own optimizer}), then
+        streams their initial values (chief only). With `params` None the shards are only
+        declared: `restore` fills them from a checkpoint. `tables`: the variables workers update
+        by rows (embedding tables, `Task.tables`); each ps then refuses rows of any other shard
+        and whole gradients of these. None declares nothing (either kind of update is taken)."""
         self.epoch = epoch
         mode = mode or Mode()
         arrays = self._routes.arrays(params, what="params") if params is not None else None
@@ -165,7 +164,7 @@ class PsClient:
             shards = self._routes.shards_on(ps)
             request = ps_pb2.InitRequest(
                 id=self.identity(ps),
-                tensors=[routing.declared_spec(s, tables) for s in shards],
+                tensors=[routing.declared_spec(s, tables, optimizers) for s in shards],
                 optimizer=optimizer.to_json(),
                 step=step,
                 mode=mode.kind,

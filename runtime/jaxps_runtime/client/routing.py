@@ -16,6 +16,7 @@ import numpy as np
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime.client.placement import Placement, Shard
+from jaxps_runtime.config.training import OptimizerConfig
 from jaxps_runtime.wire import streams
 
 # Rows of one table on one shard: (shard, shard-local row ids, positions in the caller's ids).
@@ -114,10 +115,17 @@ def spec(shard: Shard) -> tensor_pb2.TensorSpec:
     return tensor_pb2.TensorSpec(name=shard.name, shape=shard.shape, dtype=shard.variable.dtype)
 
 
-def declared_spec(shard: Shard, tables: Collection[str] | None) -> tensor_pb2.TensorSpec:
+def declared_spec(
+    shard: Shard,
+    tables: Collection[str] | None,
+    optimizers: Mapping[str, OptimizerConfig] | None = None,
+) -> tensor_pb2.TensorSpec:
     """The spec of a shard in Init, saying how pushes update it when `tables` is known: its
-    row count (by rows) or `streams.UPDATED_WHOLE`, as one little-endian int64."""
+    row count (by rows) or `streams.UPDATED_WHOLE`, as one little-endian int64; and its
+    variable's optimizer (JSON) when `optimizers` gives it one."""
     declared = spec(shard)
+    own = (optimizers or {}).get(shard.variable.name)
+    declared.optimizer = own.to_json() if own is not None else ""
     if tables is not None:
         table = shard.variable.name in tables and shard.shape
         rows = shard.shape[0] if table else streams.UPDATED_WHOLE

@@ -197,6 +197,21 @@ def init_optimizer(request: ps_pb2.InitRequest) -> OptimizerConfig:
     return optimizer
 
 
+def init_overrides(request: ps_pb2.InitRequest) -> dict[str, OptimizerConfig]:
+    """An Init's per-shard optimizers ({shard name: optimizer}), each once it builds."""
+    out: dict[str, OptimizerConfig] = {}
+    for i, tensor in enumerate(request.tensors):
+        if not tensor.optimizer:
+            continue
+        where = f"Init.tensors[{i}].optimizer"
+        try:
+            out[tensor.name] = OptimizerConfig.from_json(tensor.optimizer, where=where)
+            optim.build(out[tensor.name], where=where)
+        except optim.OptimizerError as err:
+            raise PsError(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from err
+    return out
+
+
 def declared_rows(
     tensors: Sequence[tensor_pb2.TensorSpec], specs: Sequence[streams.Spec]
 ) -> set[str] | None:

@@ -108,11 +108,13 @@ class ParameterServicer:
         ]
         by_rows = checks.declared_rows(request.tensors, specs)
         optimizer = checks.init_optimizer(request)
+        overrides = checks.init_overrides(request)
         mode = checks.init_mode(request)
         self.store.init(
             epoch=request.id.cluster_epoch,
             specs=specs,
             optimizer=optimizer,
+            overrides=overrides,
             step=request.step,
             mode=mode,
             workers=list(request.workers),

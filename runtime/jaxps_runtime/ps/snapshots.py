@@ -130,7 +130,7 @@ def wait(
 
 def loaded(
     tensors: Mapping[str, Held],
-    applier: optim.Applier,
+    applier: Callable[[str], optim.Applier],
     *,
     values: Mapping[str, np.ndarray],
     states: Mapping[str, list[np.ndarray]],
@@ -138,7 +138,7 @@ def loaded(
 ) -> dict[str, tuple[jax.Array, Any]]:
     """Every declared shard's value and optimizer state from a checkpoint (`where`), on the
     device; FAILED_PRECONDITION if one is missing, or is not of its declared dtype and shape,
-    or its state does not fit the optimizer. Nothing is changed."""
+    or its state does not fit its optimizer (`applier(shard name)`). Nothing is changed."""
     missing = sorted(set(tensors) - set(values))
     if missing:
         raise PsError(
@@ -155,7 +155,7 @@ def loaded(
                 f"declared {held.spec.dtype.name}{list(held.spec.shape)}",
             )
         value = jax.device_put(array)
-        template = applier.init(value)
+        template = applier(name).init(value)
         leaves, treedef = jax.tree_util.tree_flatten(template)
         saved = states.get(name, [])
         if len(saved) != len(leaves) or any(

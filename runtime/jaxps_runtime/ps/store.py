@@ -121,8 +121,7 @@ class ParameterStore:
         return self._changed
 
     @property
-    def policy(self) -> Policy:
-        """The current mode's decisions (a new one per Init)."""
+    def policy(self) -> Policy:  # the current mode's decisions (a new one per Init)
         return self._policy
 
     @property
@@ -149,14 +148,15 @@ class ParameterStore:
         mode: Mode | None = None,
         workers: Sequence[str] = (),
         by_rows: Collection[str] | None = None,
+        overrides: Mapping[str, OptimizerConfig] | None = None,
     ) -> None:
-        """Declares the shards and optimizer; values arrive through `assign`. `by_rows`: the
-        shards pushes update by rows (embedding tables'); every other one is updated whole.
-        None declares neither (either kind of update is taken)."""
-        dup = streams.first_duplicate(s.name for s in specs)
-        if dup is not None:
+        """Declares the shards and optimizer (`overrides`: others' for some shards); values come
+        through `assign`. `by_rows`: the shards pushes update by rows (embedding tables'), the
+        others whole. None declares neither (either kind of update is taken)."""
+        if (dup := streams.first_duplicate(s.name for s in specs)) is not None:
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT, f"Init.tensors: {dup!r} twice")
         jitted = self.updates.compiled(optimizer)
+        by_shard = {name: self.updates.compiled(o) for name, o in (overrides or {}).items()}
         mode = mode or Mode()
         policy = POLICIES[mode.kind](self, mode, workers)
 
@@ -167,6 +167,7 @@ class ParameterStore:
                 self._positions.reset({})
                 self.shards.declare(specs, by_rows=by_rows)
                 self._optimizer, self.updates.current = optimizer, jitted
+                self.updates.by_shard = by_shard
                 self._epoch, self._step = epoch, step
                 self._pushes.clear()
                 self._state = ps_pb2.ASSIGNING if specs else ps_pb2.READY
@@ -179,7 +180,7 @@ class ParameterStore:
 
         def run() -> None:
             with self._lock:
-                held, jitted = self.shards.find(name), self.updates.current
+                held, jitted = self.shards.find(name), self.updates.jitted_for(name)
             if held is None or jitted is None:
                 return  # a new Init replaced the declared shards meanwhile
             # One copy, into an aligned array nothing else refers to, which device_put then
@@ -340,7 +341,7 @@ class ParameterStore:
                     f"Restore: {self.task} is {STATE_NAMES[self._state]}; Init first",
                 )
         loaded = snapshots.loaded(
-            tensors, jitted.applier, values=values, states=states, where=where
+            tensors, self.updates.applier_for, values=values, states=states, where=where
         )
 
         def swap() -> None:

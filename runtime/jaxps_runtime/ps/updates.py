@@ -78,6 +78,7 @@ class Updater:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"{task}-apply")
         self._compiled: dict[str, Jitted] = {}  # by optimizer JSON: a re-Init reuses the jits
         self.current: Jitted | None = None  # the current optimizer's: set by Init, under lock
+        self.by_shard: dict[str, Jitted] = {}  # shards with an optimizer of their own (Init's)
 
     def compiled(self, optimizer: OptimizerConfig) -> Jitted:
         """The jitted updates of `optimizer` (compiled once per optimizer and ps)."""
@@ -86,6 +87,16 @@ class Updater:
         if jitted is None:
             jitted = self._compiled[key] = Jitted.of(optim.Applier(optim.build(optimizer)))
         return jitted
+
+    def jitted_for(self, shard: str) -> Jitted | None:
+        """The jitted updates of `shard`'s optimizer: its own, else the Init's."""
+        return self.by_shard.get(shard, self.current)
+
+    def applier_for(self, shard: str) -> optim.Applier:
+        """`shard`'s optimizer (after an Init)."""
+        jitted = self.jitted_for(shard)
+        assert jitted is not None, "no Init yet"
+        return jitted.applier
 
     def already_applied(self, push_id: str) -> set[str]:
         """Shards a push with this id has updated already (a retry skips them)."""
@@ -148,7 +159,7 @@ class Updater:
         done: Callable[[], None] | None = None,
     ) -> Future[None]:
         def run() -> None:
-            jitted = self.current
+            jitted = self.jitted_for(held.spec.name)
             if held.value is None or jitted is None:
                 return
             started = time.perf_counter()

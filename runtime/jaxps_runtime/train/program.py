@@ -43,11 +43,13 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
+from jaxps_runtime.client import placement
 from jaxps_runtime.config import cluster
-from jaxps_runtime.config.training import TrainingConfig
+from jaxps_runtime.config.training import OptimizerConfig, TrainingConfig
 from jaxps_runtime.data import factory
 from jaxps_runtime.data.arrays import Dataset
 from jaxps_runtime.process import stopping
+from jaxps_runtime.ps import optim
 from jaxps_runtime.train import evaluator, outcome
 from jaxps_runtime.train.chief import Chief
 from jaxps_runtime.train.session import Session
@@ -70,10 +72,13 @@ class Declared:
         *,
         tables: Mapping[str, str] | None,
         evaluate: Evaluate | None,
+        optimizers: Mapping[str, Any] | None = None,
     ) -> None:
         self._values = jax.tree_util.tree_map(np.asarray, variables)
         self.sparse: Mapping[str, str] = MappingProxyType(dict(tables or {}))
         self._evaluate = evaluate
+        names = list(placement.named_leaves(self._values)[1])
+        self.optimizers = own_optimizers(names, optimizers or {})
 
     def init(self, key: jax.Array) -> Any:
         return self._values
@@ -85,6 +90,35 @@ class Declared:
         if self._evaluate is None:
             return {}
         return dict(self._evaluate(params, batch))
+
+
+def own_optimizers(
+    names: Sequence[str], optimizers: Mapping[str, Any]
+) -> dict[str, OptimizerConfig]:
+    """{variable name: optimizer} of `optimizers` ({"generator": {"name": ..., "kwargs": ...}}:
+    a part of the variables' tree, "a/b" for a deeper one, to an optimizer as in
+    `training.optimizer`); a variable under two of them takes the deeper one's."""
+    by_prefix: dict[str, OptimizerConfig] = {}
+    for path, raw in optimizers.items():
+        where = f"program.session(optimizers)[{path!r}]"
+        prefix = "".join(f"[{part!r}]" for part in str(path).split("/"))
+        if not any(_under(name, prefix) for name in names):
+            raise ValueError(f"{where}: names no variable; the variables: {', '.join(names)}")
+        config = (
+            raw if isinstance(raw, OptimizerConfig) else OptimizerConfig.from_dict(raw, where=where)
+        )
+        optim.build(config, where=where)
+        by_prefix[prefix] = config
+    out: dict[str, OptimizerConfig] = {}
+    for name in names:
+        under = [prefix for prefix in by_prefix if _under(name, prefix)]
+        if under:
+            out[name] = by_prefix[max(under, key=len)]
+    return out
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + "[")
 
 
 class Hook(Protocol):
@@ -184,14 +218,17 @@ def session(
     tables: Mapping[str, str] | None = None,
     evaluate: Evaluate | None = None,
     hooks: Sequence[Hook] = (),
+    optimizers: Mapping[str, Any] | None = None,
 ) -> Session | Over:
     """Declares the job's variables (a pytree of arrays) and opens this task's session (see
-    the module's doc), whose pushes call `hooks` on a worker. Once per process, from the
-    function `training.program` names."""
+    the module's doc), whose pushes call `hooks` on a worker. `optimizers`: parts of the tree
+    with an optimizer of their own on the ps (`own_optimizers`), every other variable is
+    updated by `training.optimizer`. Once per process, from the function `training.program`
+    names."""
     task = _task()
     if _current.get("declared"):
         raise RuntimeError("program.session: called twice; a task opens one session")
-    task.model = Declared(variables, tables=tables, evaluate=evaluate)
+    task.model = Declared(variables, tables=tables, evaluate=evaluate, optimizers=optimizers)
     _current["declared"] = True
     role = task.spec.task
     if role.type in (cluster.CHIEF, cluster.EVALUATOR):  # its run follows the program's

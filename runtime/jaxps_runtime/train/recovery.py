@@ -96,6 +96,7 @@ def restore_or_initialise(
             mode=mode,
             workers=workers,
             tables=set(task.tables),
+            optimizers=task.optimizers,
         )
         try:
             client.restore(
@@ -130,6 +131,7 @@ def restore_or_initialise(
         mode=mode,
         workers=workers,
         tables=set(task.tables),
+        optimizers=task.optimizers,
     )
     log.info(
         "initialised %d variables (%.1f MB) from seed %d on %d ps at epoch %d",

@@ -21,7 +21,7 @@ import numpy as np
 from jaxps_runtime.client import placement
 from jaxps_runtime.client.psclient import PsClient
 from jaxps_runtime.config import cluster
-from jaxps_runtime.config.training import TrainingConfig
+from jaxps_runtime.config.training import OptimizerConfig, TrainingConfig
 from jaxps_runtime.data import arrays
 from jaxps_runtime.data import builtin as datasets
 from jaxps_runtime.model import builtin as models
@@ -102,6 +102,12 @@ class Task:
             jax.tree_util.keystr((jax.tree_util.DictKey(table),)): key
             for table, key in self.model.sparse.items()
         }
+
+    @property
+    def optimizers(self) -> dict[str, OptimizerConfig]:
+        """Variables with an optimizer of their own ({variable: optimizer}; a program's
+        `session(optimizers=...)`); every other one is updated by `training.optimizer`."""
+        return dict(getattr(self.model, "optimizers", None) or {})
 
     @property
     def dense_variables(self) -> list[str]:
