@@ -137,3 +137,24 @@ def test_a_variable_with_an_optimizer_of_its_own_is_updated_by_it_through_a_ps_r
         assert float(exported["['b']"]) == 0.5  # frozen.B0, exactly
         assert np.abs(exported["['w']"]).max() > 0.1  # trained from zeros
     assert "optimizer" in (tmp_path / "logs" / "ps-0.log").read_text()
+
+
+def test_a_users_loop_reads_and_updates_an_embedding_table_by_rows_with_its_own_optimizer(
+    jobs: list[harness.LocalJob], tmp_path: Path
+) -> None:
+    """tests/process/programs/tables.py: the built-in embedding model as a user's loop, the
+    table pulled and pushed by rows and updated by adagrad, the dense layer by the job's adam."""
+    training = {
+        **BASE,
+        "program": "tables:main",
+        "dataset": {"name": "sparse"},
+        "mode": "async",
+        "steps": 1000,
+        "batchSize": 64,
+    }
+    summary = _run(jobs, tmp_path, training)
+    assert summary["step"] == 1000
+    print(f"embedding table by rows: {summary['eval']}, {summary['stepsPerSecond']} steps/s")
+    assert summary["eval"]["accuracy"] >= 0.75, summary
+    ps_logs = "".join((tmp_path / f"ps-{i}.log").read_text() for i in range(2))
+    assert "updated by rows" in ps_logs
