@@ -164,6 +164,7 @@ class Over:
     def __init__(self, task: Task) -> None:
         self.task = task
         self.global_step = task.training.steps
+        self.over = True
 
     def __enter__(self) -> Over:
         return self

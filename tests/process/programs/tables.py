@@ -26,7 +26,8 @@ def logits(params: Any, ids: jax.Array) -> jax.Array:
 
 def loss_fn(params: Any, batch: Any) -> jax.Array:
     losses = optax.sigmoid_binary_cross_entropy(logits(params, batch["ids"]), batch["y"])
-    return losses.mean()
+    mean: jax.Array = losses.mean()
+    return mean
 
 
 def evaluate(params: Any, batch: Any) -> dict[str, jax.Array]:
