@@ -315,12 +315,7 @@ def kill_and_recover(
         step = chief_step(watched)
         if step is not None and step < lowest:
             lowest = step
-        # Stepping again: after the rollback's dip, or, when the checkpoint rolled back to is
-        # the step of the kill (it was committed just before), past it: with a ps down no step
-        # gets further than the one in flight.
-        elif step is not None and (
-            (step > lowest and (lowest < before or not rollback)) or step >= before + 2
-        ):
+        elif step is not None and step > lowest and (lowest < before or not rollback):
             recovered = time.monotonic() - killed
         time.sleep(0.02)
     old = pod["metadata"]["uid"]
