@@ -401,7 +401,14 @@ def jobs(installed: Installed, request: pytest.FixtureRequest) -> Iterator[E2eJo
 
 
 def chief_step(pod: dict[str, Any]) -> int | None:
-    """The chief's jaxps_global_step, read from its metrics port on the pod's IP."""
+    """The task's jaxps_global_step, read from its metrics port on the pod's IP."""
+    value = metric(pod, "jaxps_global_step")
+    return None if value is None else int(value)
+
+
+def metric(pod: dict[str, Any], name: str) -> float | None:
+    """A metric of the task's (its first sample), read from its metrics port on the pod's IP;
+    None while it cannot be read."""
     try:
         with urllib.request.urlopen(
             f"http://{pod['status']['podIP']}:9090/metrics", timeout=1
@@ -410,8 +417,8 @@ def chief_step(pod: dict[str, Any]) -> int | None:
     except OSError:
         return None
     for line in text.splitlines():
-        if line.startswith("jaxps_global_step{") or line.startswith("jaxps_global_step "):
-            return int(float(line.rsplit(" ", 1)[1]))
+        if line.startswith(f"{name}{{") or line.startswith(f"{name} "):
+            return float(line.rsplit(" ", 1)[1])
     return None
 
 

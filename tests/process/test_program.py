@@ -56,6 +56,19 @@ def test_the_ported_tf1_trainer_learns_as_well_as_the_built_in_loop(
         assert " global step 200, loss " in (tmp_path / "ported" / f"{worker}.log").read_text()
 
 
+@pytest.mark.parametrize(
+    "mode",
+    [{"mode": "async"}, {"mode": "boundedStaleness", "maxStaleness": 2}],
+    ids=["async", "bounded-staleness"],
+)
+def test_the_ported_tf1_trainer_learns_in_every_mode(
+    jobs: list[harness.LocalJob], tmp_path: Path, mode: dict[str, Any]
+) -> None:
+    summary = _run(jobs, tmp_path, {**BASE, **mode, "program": "tf1_mnist:main"})
+    assert summary["step"] == BASE["steps"]
+    assert summary["eval"]["accuracy"] >= 0.9, summary
+
+
 def test_a_gan_trains_its_two_networks_in_turns_each_with_its_own_optimizer_state(
     jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:

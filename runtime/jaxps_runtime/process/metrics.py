@@ -141,6 +141,16 @@ class Metrics:
             ["task"],
             registry=self.registry,
         ).labels(**labels)
+        self.recoveries = Counter(
+            "jaxps_recoveries",
+            "Times the chief brought the ps tier back after a ps was lost (a rollback to the "
+            "last checkpoint, or adopting the live ps).",
+            ["task"],
+            registry=self.registry,
+        ).labels(**labels)
+        self.recovered_to_step = gauge(
+            "jaxps_recovered_to_step", "The global step the latest recovery went on from."
+        )
         self.bytes_pushed = Counter(
             "jaxps_bytes_pushed", "Bytes of gradients pushed.", ["task"], registry=self.registry
         ).labels(**labels)

@@ -103,6 +103,7 @@ class Coordination:
     def _adopt(self, ready: recovery.Ready, client: PsClient) -> None:
         self.membership.epoch = ready.epoch
         self.membership.step = ready.step
+        self.task.metrics.global_step.set(ready.step)
         # The shard queue as the ps tier's data positions say (the checkpoint's, after a
         # restore): leases given before are void.
         self.queue.restore(merged_cursors(client.statuses(timeout=30), how=min))
@@ -141,6 +142,8 @@ class Coordination:
                 log.warning("%s; rolling back again once every ps answers", err)
         self._adopt(ready, client)
         seconds = time.monotonic() - started
+        self.task.metrics.recovered_to_step.set(ready.step)
+        self.task.metrics.recoveries.inc()
         self.recoveries.append(
             {
                 "reason": problem,
