@@ -14,13 +14,22 @@ by default it becomes the job's standby, a ps process started ahead that has loa
 `--cold` it is a new process that imports everything first, as a replaced pod does (`...-cold`).
 
     python bench/recovery.py [--kills 3] [--mode sync|async|boundedStaleness] [--cold]
+
+With `--kubernetes` it measures on the real node instead (root; it starts the e2e tier's node,
+chart and job: tests/e2e/recovery_bench.py): ps-0's ps process SIGKILLed in its pod, where the
+pod's keeper holds a standby that takes over (`jaxps_runtime.process.keeper`), `--kills` times
+(at most 5, the keeper's takeovers per pod), against the pod's container killed (a new pod).
+
+    python bench/recovery.py --kubernetes [--kills 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -70,12 +79,52 @@ def wait_step(job: harness.LocalJob, at_least: int, timeout: float = 300) -> flo
     return time.monotonic()
 
 
+def on_the_node(*, kills: int) -> int:
+    """Runs tests/e2e/recovery_bench.py under pytest (the e2e tier's node and fixtures) and
+    prints its JSON lines; its exit code."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-s",
+            "-p",
+            "no:cacheprovider",
+            str(root / "tests" / "e2e" / "recovery_bench.py"),
+        ],
+        cwd=root,
+        env={**os.environ, "JAXPS_BENCH_KILLS": str(kills)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith('{"bench"')]
+    for line in lines:
+        print(line, flush=True)
+    if done.returncode != 0 or not lines:
+        print(done.stdout[-6000:], done.stderr[-3000:], file=sys.stderr)
+    return done.returncode
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument(
+        "--kills", type=int, default=None, help="default 3; 5 with --kubernetes (1 to 5 there)"
+    )
     parser.add_argument("--mode", choices=config.MODES, default="sync")
     parser.add_argument("--cold", action="store_true", help="no standby: a new process")
+    parser.add_argument(
+        "--kubernetes", action="store_true", help="on the real node: the ps process in its pod"
+    )
     args = parser.parse_args()
+    if args.kubernetes:
+        kills = 5 if args.kills is None else args.kills
+        if not 1 <= kills <= 5:
+            parser.error(f"--kills: got {kills}; on the node 1 to 5 (a keeper's takeovers per pod)")
+        sys.exit(on_the_node(kills=kills))
+    args.kills = 3 if args.kills is None else args.kills
     case = f"mlp-2ps-2w-{args.mode}-kill-ps0{'-cold' if args.cold else ''}"
     with tempfile.TemporaryDirectory(prefix="jaxps-recovery-") as tmp:
         training = {

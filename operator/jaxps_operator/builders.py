@@ -40,6 +40,7 @@ LABEL_JOB, LABEL_ROLE, LABEL_INDEX = (
 )
 # What jaxps sets in every task's main container; a template's own value of these is replaced.
 # Every other variable of the template, JAXPS_LOG_LEVEL and JAXPS_BIND_ADDRESS included, is kept.
+STANDBY_ENV = "JAXPS_PS_STANDBY"  # jaxps_runtime.process.keeper.KEEPER_ENV
 RESERVED_ENV = (
     "TF_CONFIG",
     "JAXPS_TRAINING",
@@ -278,6 +279,9 @@ def pod(
         # where the metrics and health port listens (the kubelet and the operator dial it)
         {"name": "JAXPS_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
+    if role == cluster.PS and not any(e.get("name") == STANDBY_ENV for e in env):
+        # a standby ps in the pod takes over at once when the ps is killed (process.keeper)
+        env.append({"name": STANDBY_ENV, "value": "on"})
     main["env"] = env
     if name not in network.tls_dirs:  # the Secret, with this task's files only
         pod_spec.setdefault("volumes", []).append(

@@ -438,6 +438,8 @@ class LocalCluster:
             {e["name"]: str(e.get("value", "")) for e in container.get("env", [])}
         )
         env["JAXPS_TERMINATION_LOG"] = str(termination_log)
+        # a pod's own standby ps (process.keeper): here the job keeps one for all its ps
+        env.pop(builders.STANDBY_ENV, None)
         argv = [*container.get("command", []), *container.get("args", [])]
         if argv and argv[0] in ("python", "python3"):
             argv[0] = sys.executable  # the interpreter jaxps runs in, with its packages

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import IO
 
 from jaxps_runtime.config import cluster
+from jaxps_runtime.process import keeper, stopping
 from jaxps_runtime.process import standby as standby_process
-from jaxps_runtime.process import stopping
 from jaxps_runtime.ps import start
 from jaxps_runtime.wire.credentials import CredentialsError, Identity, TaskCredentials
 
@@ -125,6 +125,15 @@ def main(argv: Sequence[str] | None = None, *, loaded: bool = False) -> int:
         print(f"jaxps_runtime: {err}", file=sys.stderr)
         return EXIT_USAGE
     task = config.task
+    if task.type == cluster.PS and not loaded and keeper.KEEPER_ENV in os.environ:
+        problem = cluster.setting_problem(
+            keeper.KEEPER_ENV, os.environ[keeper.KEEPER_ENV], task_type=cluster.PS
+        )
+        if problem:
+            print(f"jaxps_runtime: {problem}", file=sys.stderr)
+            return EXIT_USAGE
+        if keeper.wanted(os.environ):  # the ps as its child, a standby beside it
+            return keeper.run(argv, os.environ)
     logging.basicConfig(
         level=args.log_level,
         format=f"%(asctime)s %(levelname)s {task.name} %(name)s: %(message)s",

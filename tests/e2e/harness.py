@@ -125,6 +125,35 @@ class Node:
                 return int(pid)
         pytest.fail(f"no task {container_id} of pod {pod['metadata']['name']} on the node")
 
+    def children(self, pid: int) -> dict[int, bool]:
+        """The live children of host process `pid`, each with whether it is a standby ps
+        (a ps pod's keeper runs the ps and a standby: `jaxps_runtime.process.keeper`)."""
+        out = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:  # gone meanwhile
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out[int(entry.name)] = b"JAXPS_STANDBY=ps" in environ
+        return out
+
+    def ps_process(self, pod: dict[str, Any], *, timeout: float = 120) -> int:
+        """The host PID of a ps pod's ps process, once its keeper holds a standby beside it."""
+        keeper = self.container_pid(pod)
+
+        def serving() -> int | None:
+            kids = self.children(keeper)
+            ps = [pid for pid, spare in kids.items() if not spare]
+            return ps[0] if len(ps) == 1 and any(kids.values()) else None
+
+        return wait_for(
+            serving, timeout=timeout, what=f"the ps and standby of {pod['metadata']['name']}"
+        )
+
     def kill(self, pod: dict[str, Any]) -> float:
         """SIGKILLs the pod's process on the node, as the OOM killer or a crash would."""
         pid = self.container_pid(pod)
@@ -420,6 +449,18 @@ def metric(pod: dict[str, Any], name: str) -> float | None:
         if line.startswith(f"{name}{{") or line.startswith(f"{name} "):
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+def recovered(chief: dict[str, Any], *, recoveries: float, killed: float) -> float:
+    """Seconds from `killed` to the chief's first step past its next recovery."""
+
+    def past() -> float | None:
+        if (metric(chief, "jaxps_recoveries_total") or 0) <= recoveries:
+            return None
+        step, to = chief_step(chief), metric(chief, "jaxps_recovered_to_step")
+        return time.monotonic() if step is not None and to is not None and step > to else None
+
+    return wait_for(past, timeout=240, what="the step past the recovery", interval=0.01) - killed
 
 
 def keep(text: str, name: str) -> None:

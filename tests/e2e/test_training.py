@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -30,6 +31,7 @@ from tests.e2e.harness import (
     metric,
     namespace,
     phase,
+    recovered,
 )
 from tests.process.test_datasets import learnable_mnist
 
@@ -373,6 +375,36 @@ def test_a_killed_ps_is_replaced_and_every_ps_rolls_back_to_the_checkpoint(
     assert done["recoveries"], "the chief recorded no recovery"
     assert all(r["toStep"] % EVERY == 0 for r in done["recoveries"])
     assert accuracy(out["job"]) >= undisturbed - ACCURACY_SLACK
+
+
+def test_a_killed_ps_process_is_taken_over_in_its_pod_by_the_keepers_standby(
+    jobs: E2eJobs, undisturbed: float
+) -> None:
+    node = jobs.node
+    assert node is not None
+    name = start(jobs, training_job("takeover"))
+    jobs.wait_progress(name, "lastCheckpointStep", EVERY)
+    pod = jobs.running_pod(name, f"{name}-ps-0")
+    chief = jobs.running_pod(name, f"{name}-worker-0")
+    ps = node.ps_process(pod)
+    before = chief_step(chief) or 0
+    os.kill(ps, signal.SIGKILL)
+    seconds = recovered(chief, recoveries=0, killed=time.monotonic())
+    job = jobs.wait_done(name)
+    assert job["status"]["restarts"] == 0, jobs.story(name)  # no pod was replaced
+    assert jobs.pod(f"{name}-ps-0")["metadata"]["uid"] == pod["metadata"]["uid"]
+    done = summary(jobs, f"{name}-worker-0")
+    assert len(done["recoveries"]) == 1, done["recoveries"]
+    logs = jobs.kubectl("logs", f"{name}-ps-0")
+    assert "keeper: ps killed (signal 9); the standby took over" in logs
+    assert accuracy(job) >= undisturbed - ACCURACY_SLACK
+    line = f"ps-0's ps process killed at step {before}: next global step {seconds:.2f} s later"
+    phase(line)
+    keep(
+        f"{line}\n\n$ kubectl logs {name}-ps-0 | grep keeper\n"
+        + "\n".join(x for x in logs.splitlines() if "keeper" in x),
+        "takeover-ps-0.txt",
+    )
 
 
 def test_a_killed_worker_is_replaced_and_training_goes_on(

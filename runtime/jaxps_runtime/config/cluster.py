@@ -382,9 +382,9 @@ def bulk_on(environ: Mapping[str, str]) -> bool:
 
 def setting_problem(name: str, value: str, *, task_type: str) -> str | None:
     """What a task of `task_type` refuses in one of the runtime's own variables that a pod
-    template may set (JAXPS_LOG_LEVEL, JAXPS_BULK, JAXPS_METRICS_ADDRESS; JAXPS_PS_XLA_THREADS,
-    read by a ps only), as "NAME: got ...; expected ...", or None. The runtime exits 2 with it;
-    the control plane fails the job with it before any pod starts."""
+    template may set (JAXPS_LOG_LEVEL, JAXPS_BULK, JAXPS_METRICS_ADDRESS; JAXPS_PS_XLA_THREADS
+    and JAXPS_PS_STANDBY, read by a ps only), as "NAME: got ...; expected ...", or None. The
+    runtime exits 2 with it; the control plane fails the job with it before any pod starts."""
     if name == "JAXPS_LOG_LEVEL" and value.upper() not in LOG_LEVELS:
         return f"{name}: got {_show(value)}; expected one of {', '.join(LOG_LEVELS)} (any case)"
     if name == "JAXPS_BULK" and value.lower() not in BULK_SETTINGS:
@@ -406,6 +406,11 @@ def setting_problem(name: str, value: str, *, task_type: str) -> str | None:
         return (
             f"{name}: got {_show(value)}; expected a thread count >= 1 (1: single-threaded "
             "updates; more: XLA's own pool, as many threads as the ps may use CPUs)"
+        )
+    if name == "JAXPS_PS_STANDBY" and task_type == PS and value.lower() not in ("on", "off"):
+        return (
+            f"{name}: got {_show(value)}; expected on (a standby ps in the pod takes over at "
+            "once when the ps is killed; the default on Kubernetes) or off, any case"
         )
     return None
 

@@ -65,17 +65,22 @@ class Standby:
     `jaxps_runtime.__main__.standby`): a restarted ps then skips importing JAX, most of its
     start. `take` hands it a task; `close` ends it if it was never taken (no process is left)."""
 
-    def __init__(self, env: Mapping[str, str], *, log: Path, argv: Sequence[str] = ()) -> None:
+    def __init__(
+        self, env: Mapping[str, str], *, log: Path | None, argv: Sequence[str] = ()
+    ) -> None:
+        """Starts it with `env` and `argv`; its stderr to `log` (None: this process's stdout
+        and stderr, which a task it becomes may name as /dev/stdout and /dev/stderr)."""
         self.env = {k: v for k, v in env.items() if k not in TASK_ENV}
         self.argv = tuple(argv) or RUNTIME
         if not runs_the_runtime(self.argv):
             raise ValueError(f"a standby runs {' '.join(RUNTIME)}, not {' '.join(self.argv)}")
-        with open(log, "ab") as err:
+        with contextlib.ExitStack() as files:
+            err = files.enter_context(open(log, "ab")) if log is not None else None
             self.process: subprocess.Popen[bytes] = subprocess.Popen(
                 self.argv,
                 env={**self.env, STANDBY_ENV: "ps"},
                 stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL if log is not None else None,
                 stderr=err,
             )
 

@@ -1,0 +1,118 @@
+"""A ps run under its keeper (JAXPS_PS_STANDBY=on, as in a ps pod: `process.keeper`): the ps
+process killed, the keeper's standby takes over in place and the job succeeds; a SIGTERM stops
+the ps cleanly and leaves no standby behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.process import harness, waiting
+
+pytestmark = pytest.mark.process
+Metric = Callable[[int, str], float | None]
+KEEPER = {"JAXPS_PS_STANDBY": "on"}
+TRAINING: dict[str, Any] = {
+    "model": {"name": "mlp", "kwargs": {"hidden": [64]}},
+    "dataset": {"name": "digits"},
+    "mode": "async",
+    "steps": 8000,  # longer than the keeper's wait before it starts a standby (10 s)
+    "batchSize": 32,
+    "seed": 0,
+    "optimizer": {"name": "adam", "kwargs": {"learning_rate": 0.01}},
+    "heartbeatSeconds": 0.25,
+    "workerTimeoutSeconds": 5,
+    "logEverySeconds": 2,
+}
+
+
+def children(pid: int) -> dict[int, bool]:
+    """The live child processes of `pid`, each with whether it is a standby (JAXPS_STANDBY)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out[int(entry.name)] = b"JAXPS_STANDBY=ps" in environ
+    return out
+
+
+def the_ps(keeper: int) -> int | None:
+    """The keeper's ps process, once its standby is there too (None until then)."""
+    kids = children(keeper)
+    serving = [pid for pid, spare in kids.items() if not spare]
+    return serving[0] if len(serving) == 1 and any(kids.values()) else None
+
+
+def test_a_killed_ps_process_is_taken_over_by_its_pods_standby_and_the_job_succeeds(
+    jobs: list[harness.LocalJob], tmp_path: Path, metric: Metric
+) -> None:
+    training = {**TRAINING, "checkpoint": {"dir": str(tmp_path / "ckpt"), "everySteps": 50}}
+    job = harness.LocalJob.start(
+        training=training, log_dir=tmp_path / "logs", task_env={"ps-0": KEEPER}
+    )
+    jobs.append(job)
+    keeper = job.processes["ps-0"]
+    port = job.metrics_ports["worker-0"]
+    waiting.wait_for(
+        lambda: (metric(port, "jaxps_last_checkpoint_step") or 0) >= 50, job, what="checkpoint"
+    )
+    waiting.wait_for(lambda: the_ps(keeper.pid) is not None, job, what="ps-0's standby")
+    ps = the_ps(keeper.pid)
+    assert ps is not None
+    os.kill(ps, signal.SIGKILL)
+    codes = job.wait(timeout=300)
+    assert all(code == 0 for code in codes.values()), f"{codes}\n{job.logs()}"
+    assert job.processes["ps-0"] is keeper  # the same pod: nothing was started again
+    summary = job.summary()
+    assert summary["step"] == TRAINING["steps"]
+    assert len(summary["recoveries"]) == 1, summary
+    print(f"ps-0 taken over in its pod: recovered in {summary['recoveries'][0]['seconds']} s")
+    assert summary["eval"]["accuracy"] >= 0.9
+    log = (tmp_path / "logs" / "ps-0.log").read_text()
+    assert "ps killed (signal 9); the standby took over" in log
+    assert "started from the job's standby, loaded ahead" in log
+    assert children(keeper.pid) == {}
+
+
+def test_a_sigterm_stops_the_keepers_ps_and_its_standby(
+    jobs: list[harness.LocalJob], tmp_path: Path
+) -> None:
+    job = harness.LocalJob.start(
+        training={**TRAINING, "steps": 100_000},
+        log_dir=tmp_path,
+        task_env={"ps-0": KEEPER},
+        order=["ps-0"],
+    )
+    jobs.append(job)
+    keeper = job.processes["ps-0"]
+    waiting.wait_for(lambda: the_ps(keeper.pid) is not None, job, what="ps-0's standby")
+    started = children(keeper.pid)
+    keeper.send_signal(signal.SIGTERM)
+    assert keeper.wait(timeout=60) == 143  # the ps stopped by SIGTERM: 128 + 15, passed on
+    assert all(not Path(f"/proc/{pid}").exists() for pid in started)
+
+
+def test_a_wrong_setting_is_refused_naming_it(tmp_path: Path) -> None:
+    job = harness.LocalJob.start(
+        training=TRAINING,
+        log_dir=tmp_path,
+        task_env={"ps-0": {"JAXPS_PS_STANDBY": "maybe"}},
+        order=["ps-0"],
+    )
+    try:
+        assert job.processes["ps-0"].wait(timeout=60) == 2
+    finally:
+        job.stop()
+    assert 'JAXPS_PS_STANDBY: got "maybe"; expected on' in (tmp_path / "ps-0.log").read_text()
