@@ -125,30 +125,29 @@ class Node:
                 return int(pid)
         pytest.fail(f"no task {container_id} of pod {pod['metadata']['name']} on the node")
 
-    def children(self, pid: int) -> dict[int, bool]:
-        """The live children of host process `pid`, each with whether it is a standby ps
-        (a ps pod's keeper runs the ps and a standby: `jaxps_runtime.process.keeper`)."""
+    def children(self, pid: int) -> dict[int, int]:
+        """The live children of host process `pid`, each with its start time (clock ticks)."""
         out = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                environ = (entry / "environ").read_bytes().split(b"\0")
             except OSError:  # gone meanwhile
                 continue
             if int(fields[1]) == pid and fields[0] != "Z":
-                out[int(entry.name)] = b"JAXPS_STANDBY=ps" in environ
+                out[int(entry.name)] = int(fields[19])  # starttime, field 22 of stat
         return out
 
     def ps_process(self, pod: dict[str, Any], *, timeout: float = 120) -> int:
-        """The host PID of a ps pod's ps process, once its keeper holds a standby beside it."""
+        """The host PID of a ps pod's ps process, once its keeper holds a standby beside it
+        (`jaxps_runtime.process.keeper`): of its two children, the one it started first (a
+        standby is started after the ps it stands by for, and stays one until it takes over)."""
         keeper = self.container_pid(pod)
 
         def serving() -> int | None:
             kids = self.children(keeper)
-            ps = [pid for pid, spare in kids.items() if not spare]
-            return ps[0] if len(ps) == 1 and any(kids.values()) else None
+            return min(kids, key=kids.__getitem__) if len(kids) == 2 else None
 
         return wait_for(
             serving, timeout=timeout, what=f"the ps and standby of {pod['metadata']['name']}"
