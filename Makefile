@@ -114,10 +114,11 @@ cluster-up: node images kueue ## Start a one-node cluster (root) with Kueue and 
 cluster-down: ## Stop everything cluster-up started; remove its pods, mounts, interfaces and state
 	$(PYTHON_SYSTEM) hack/node.py down --dir .cluster
 
-bench: install control-plane ## Run the benchmarks (JSON lines on stdout)
+bench: install control-plane node images kueue ## Run the benchmarks (JSON lines on stdout; the node's needs root)
 	$(PY) bench/transport.py
 	$(PY) bench/training.py
 	$(PY) bench/recovery.py
+	$(PY) bench/recovery.py --kubernetes   # on the real node: a ps process killed in its pod
 	$(PY) bench/operator.py
 	$(PY) bench/vs_tensorflow.py --rounds 3   # without TensorFlow: mutual TLS against plaintext
 
