@@ -32,6 +32,7 @@ import pytest
 import yaml
 from kubernetes import client, config
 
+from tests import procfs
 from tests.cluster.harness import ROOT, Cluster, Jobs, binaries, helm, wait_for
 
 LOCK = Path("/tmp/jaxps-e2e.lock")
@@ -125,32 +126,15 @@ class Node:
                 return int(pid)
         pytest.fail(f"no task {container_id} of pod {pod['metadata']['name']} on the node")
 
-    def children(self, pid: int) -> dict[int, int]:
-        """The live children of host process `pid`, each with its start time (clock ticks)."""
-        out = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:  # gone meanwhile
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                out[int(entry.name)] = int(fields[19])  # starttime, field 22 of stat
-        return out
-
     def ps_process(self, pod: dict[str, Any], *, timeout: float = 120) -> int:
         """The host PID of a ps pod's ps process, once its keeper holds a standby beside it
         (`jaxps_runtime.process.keeper`): of its two children, the one it started first (a
         standby is started after the ps it stands by for, and stays one until it takes over)."""
         keeper = self.container_pid(pod)
-
-        def serving() -> int | None:
-            kids = self.children(keeper)
-            return min(kids, key=kids.__getitem__) if len(kids) == 2 else None
-
         return wait_for(
-            serving, timeout=timeout, what=f"the ps and standby of {pod['metadata']['name']}"
+            lambda: procfs.keepers_ps(keeper),
+            timeout=timeout,
+            what=f"the ps and standby of {pod['metadata']['name']}",
         )
 
     def kill(self, pod: dict[str, Any]) -> float:

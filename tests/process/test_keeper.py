@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.process import harness, waiting
+from tests.procfs import children, keepers_ps
 
 pytestmark = pytest.mark.process
 Metric = Callable[[int, str], float | None]
@@ -31,29 +32,6 @@ TRAINING: dict[str, Any] = {
 }
 
 
-def children(pid: int) -> dict[int, int]:
-    """The live child processes of `pid`, each with its start time (clock ticks)."""
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out[int(entry.name)] = int(fields[19])  # starttime, field 22 of stat
-    return out
-
-
-def the_ps(keeper: int) -> int | None:
-    """The keeper's ps process, once its standby is there too (None until then): the child it
-    started first (a standby starts after the ps it stands by for, and stays one until it takes
-    over; its environment, as /proc shows it, still says JAXPS_STANDBY then)."""
-    kids = children(keeper)
-    return min(kids, key=kids.__getitem__) if len(kids) == 2 else None
-
-
 def test_a_killed_ps_process_is_taken_over_by_its_pods_standby_and_the_job_succeeds(
     jobs: list[harness.LocalJob], tmp_path: Path, metric: Metric
 ) -> None:
@@ -68,8 +46,8 @@ def test_a_killed_ps_process_is_taken_over_by_its_pods_standby_and_the_job_succe
         lambda: (metric(port, "jaxps_last_checkpoint_step") or 0) >= 50, job, what="checkpoint"
     )
     for kill in (1, 2):  # the second by the standby started after the first took over
-        waiting.wait_for(lambda: the_ps(keeper.pid) is not None, job, what="ps-0's standby")
-        ps = the_ps(keeper.pid)
+        waiting.wait_for(lambda: keepers_ps(keeper.pid) is not None, job, what="ps-0's standby")
+        ps = keepers_ps(keeper.pid)
         assert ps is not None
         os.kill(ps, signal.SIGKILL)
         waiting.wait_for(
@@ -103,7 +81,7 @@ def test_a_sigterm_stops_the_keepers_ps_and_its_standby(
     )
     jobs.append(job)
     keeper = job.processes["ps-0"]
-    waiting.wait_for(lambda: the_ps(keeper.pid) is not None, job, what="ps-0's standby")
+    waiting.wait_for(lambda: keepers_ps(keeper.pid) is not None, job, what="ps-0's standby")
     started = children(keeper.pid)
     keeper.send_signal(signal.SIGTERM)
     assert keeper.wait(timeout=60) == 143  # the ps stopped by SIGTERM: 128 + 15, passed on
