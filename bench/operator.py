@@ -3,7 +3,7 @@
     python bench/operator.py [--jobs 1 20] [--flips 10]
 
 Starts its own control plane (hack/cluster.py, built by `make control-plane`), installs the CRD
-and runs `jaxps operator` as a process. Two measurements, each with a baseline measured in the
+and runs `jaxps operator` as a process. Two timed measurements, each with a baseline measured in the
 same run on the same control plane: Kubernetes' own Job controller (kube-controller-manager),
 the controller every Kubernetes user already runs.
 
@@ -14,6 +14,8 @@ the controller every Kubernetes user already runs.
   `status.ready`). Median over --flips pods.
 
 `ratio` = baseline / jaxps: above 1, the operator is faster than the Job controller.
+Last, `usage`: the operator's resident memory (now and its peak) and CPU seconds for the whole
+run, with every job of the run still live (no comparable baseline here).
 """
 
 from __future__ import annotations
@@ -146,6 +148,11 @@ class Bench:
         wait(lambda: self.pod_count(ns) >= 7 * count, f"{7 * count} Job pods")
         return time.perf_counter() - started
 
+    def live_jobs(self) -> list[Any]:
+        """Every TrainingJob there is now."""
+        listed = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        return list(listed["items"])
+
     # --- phase-to-status --------------------------------------------------------------------
 
     def flips_jaxps(self, flips: int) -> list[float]:
@@ -185,6 +192,23 @@ class Bench:
             wait(lambda b=before: ready() > b, f"the owner counting {pod}")  # type: ignore[misc]
             times.append(time.perf_counter() - started)
         return times
+
+
+def usage(pid: int, *, jobs: int) -> None:
+    """The operator's resident memory (now and its peak) and CPU seconds so far, with `jobs`
+    TrainingJobs live: what it costs to run, which no baseline here is comparable to (the
+    Job controller shares its process with every other controller)."""
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    for metric, value, unit in (
+        (f"resident memory with {jobs} live jobs", int(status["VmRSS"].split()[0]) / 1024, "MB"),
+        (f"peak resident memory, {jobs} live jobs", int(status["VmHWM"].split()[0]) / 1024, "MB"),
+        (f"CPU seconds for the whole run, {jobs} live jobs", cpu, "s"),
+    ):
+        results.emit("operator", "usage", metric=metric, value=value, unit=unit)
 
 
 def main() -> int:
@@ -284,6 +308,7 @@ def main() -> int:
                 baseline_value=statistics.median(theirs),
                 lower_is_better=True,
             )
+            usage(operator.pid, jobs=len(bench.live_jobs()))
         finally:
             if operator is not None:
                 operator.terminate()
