@@ -16,6 +16,7 @@ them a shard late, except at an epoch's end, where every ask carries them at onc
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -158,11 +159,22 @@ class Feed:
         return False
 
     def reset(self) -> None:
-        """The ps tier was brought up again at a new epoch: leases and reports are void."""
+        """The ps tier was brought up again at a new epoch: leases and reports are void. An ask
+        already sent may still come back with a lease of the new queue (the chief answers a
+        held ask as soon as it restores the queue): that lease is given back, untouched, or
+        the queue would wait for it forever at the epoch's end."""
         self.current, self._done, self._ending = None, [], False
-        if self._ahead is not None:
-            self._ahead.cancel()
-            self._ahead = None
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and not ahead.cancel():  # sent already: see what it brings
+            ahead.add_done_callback(self._unused)
+
+    def _unused(self, ahead: Future[_Asked]) -> None:
+        """Gives back the lease an ask answered after a reset brought, if any."""
+        if ahead.cancelled() or (reply := ahead.result().reply) is None:
+            return
+        if reply.HasField("lease"):
+            with contextlib.suppress(RuntimeError):  # closed meanwhile: the chief reclaims it
+                self._pool.submit(self._give_back, {reply.lease.lease: reply.lease.start})
 
     def leave(self, coordinator: CoordinatorClient) -> None:
         """Gives every lease back (the current one from the batch it is at) and leaves, over
