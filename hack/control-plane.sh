@@ -5,6 +5,8 @@
 #                                  kubectl (k8s.io/kubernetes v$K8S_VERSION), etcd and helm
 #   hack/control-plane.sh node     kubelet and kube-proxy (same module) and CoreDNS, for the
 #                                  one-node cluster of the e2e tier (hack/node.py)
+#   hack/control-plane.sh kubeflow Kubeflow's training-operator (the TFJob controller) and its
+#                                  TFJob CRD, the baseline of bench/operator.py --baseline kubeflow
 #   hack/control-plane.sh bin      prints the directory holding the binaries
 # Idempotent: a finished build (stamp file) is reused. Needs Go >= 1.24 and the module proxy.
 # Stay on Kubernetes 1.34 for the node: newer kubelets leave cgroup v1 and containerd 1.x behind.
@@ -14,6 +16,7 @@ ETCD_VERSION=${ETCD_VERSION:-3.6.4}
 HELM_VERSION=${HELM_VERSION:-3.19.5}
 COREDNS_VERSION=${COREDNS_VERSION:-1.13.1}
 KUEUE_VERSION=${KUEUE_VERSION:-0.17.0}
+KUBEFLOW_VERSION=${KUBEFLOW_VERSION:-1.9.3}
 CACHE=${JAXPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jaxps}
 ROOT="$CACHE/k8s-v$K8S_VERSION"
 BIN="$ROOT/bin"
@@ -125,11 +128,33 @@ kueue() {
   echo "Kueue v$KUEUE_VERSION: $dir/manager and $dir/chart"
 }
 
+# Kubeflow's training-operator from its Go module (no replace directives: plain `go install`),
+# with the TFJob CRD of the same module next to it: the operator bench/operator.py measures
+# ours against.
+kubeflow() {
+  command -v go >/dev/null || { echo "need the Go toolchain (>= 1.23)"; exit 1; }
+  local dir="$CACHE/kubeflow-training-operator-v$KUBEFLOW_VERSION"
+  if [ -x "$dir/training-operator" ] && [ -f "$dir/tfjobs.yaml" ]; then return; fi
+  echo "building Kubeflow's training-operator v$KUBEFLOW_VERSION into $dir (once; 5-10 min)"
+  mkdir -p "$dir"
+  GOBIN="$dir" go install -trimpath -ldflags "-s -w" \
+    "github.com/kubeflow/training-operator/cmd/training-operator.v1@v$KUBEFLOW_VERSION"
+  mv "$dir/training-operator.v1" "$dir/training-operator"
+  local src
+  src=$(go mod download -json "github.com/kubeflow/training-operator@v$KUBEFLOW_VERSION" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  cp "$src/manifests/base/crds/kubeflow.org_tfjobs.yaml" "$dir/tfjobs.yaml"
+  chmod u+w "$dir/tfjobs.yaml"
+  echo "Kubeflow training-operator v$KUBEFLOW_VERSION: $dir/training-operator and $dir/tfjobs.yaml"
+}
+
 case "${1:-}" in
   build) build ;;
   node) build && node ;;
   kueue) kueue ;;
   kueue-dir) echo "$CACHE/kueue-v$KUEUE_VERSION" ;;
+  kubeflow) kubeflow ;;
+  kubeflow-dir) echo "$CACHE/kubeflow-training-operator-v$KUBEFLOW_VERSION" ;;
   bin) echo "$BIN" ;;
-  *) echo "usage: $0 build|node|kueue|kueue-dir|bin"; exit 2 ;;
+  *) echo "usage: $0 build|node|kueue|kueue-dir|kubeflow|kubeflow-dir|bin"; exit 2 ;;
 esac
