@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -39,12 +41,27 @@ GROUP, VERSION, PLURAL, KIND = "jaxps.dev", "v1alpha1", "trainingjobs", "Trainin
 COMPONENT = "jaxps-operator"
 
 
+# Connections kept open to the API server, per client: at least as many as threads may call it
+# at once (4 passes, their creates and reads). The client's default (5 per core) is fewer, and
+# urllib3 closes what does not fit: most calls then paid a new TLS handshake, which took half
+# of the operator's CPU and more of the API server's while 100 jobs were created.
+CONNECTIONS = 32
+# A job's Secret, NetworkPolicy and Service, once read as there, are not read again for this
+# long (a pass per pod event read them all each time): one deleted by hand is made again
+# within KEPT_FOR seconds and the job's next pass.
+KEPT_FOR = 30.0
+KEPT_MAX = 10_000
+
+
 def load_config() -> None:
     """In a pod: its service account; elsewhere: $KUBECONFIG or ~/.kube/config."""
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     else:
         config.load_kube_config()  # type: ignore[no-untyped-call]
+    configuration = client.Configuration.get_default_copy()
+    configuration.connection_pool_maxsize = CONNECTIONS
+    client.Configuration.set_default(configuration)
 
 
 def message(err: ApiException) -> str:
@@ -140,6 +157,9 @@ class KubeCluster:
         self.custom = client.CustomObjectsApi(self.client)
         self.networking = client.NetworkingV1Api(self.client)
         self.reads = ThreadPoolExecutor(4, thread_name_prefix="jaxps-read")
+        # (namespace, name, uid) -> (until, the Secret's keys): see `_kept`
+        self._known: dict[tuple[str, str, str], tuple[float, list[str]]] = {}
+        self._lock = threading.Lock()
 
     # --- the port -----------------------------------------------------------------------------
 
@@ -147,25 +167,52 @@ class KubeCluster:
         meta = job["metadata"]
         namespace = meta["namespace"]
         pods = self.reads.submit(self.list_pods, namespace, f"{builders.LABEL_JOB}={meta['name']}")
-        secret = self.reads.submit(self._secret_keys, namespace, builders.secret_name(job))
-        policy = self.reads.submit(
-            lambda: (
-                not self.network_policies
-                or self._exists(
-                    self.networking.read_namespaced_network_policy, namespace, meta["name"]
+        keys = self._kept(meta)
+        if keys is None:  # read what is not known to exist: the Secret, NetworkPolicy, Service
+            secret = self.reads.submit(self._secret_keys, namespace, builders.secret_name(job))
+            policy = self.reads.submit(
+                lambda: (
+                    not self.network_policies
+                    or self._exists(
+                        self.networking.read_namespaced_network_policy, namespace, meta["name"]
+                    )
                 )
             )
-        )
-        service = self.service_exists(namespace, meta["name"])
+            service = self.service_exists(namespace, meta["name"])
+            keys = secret.result()
+            if keys is not None and policy.result() and service:
+                self._keep(meta, keys)
+            network_policy = policy.result()
+        else:
+            service = network_policy = True
         states = [s for p in pods.result() if (s := pod_state(p, meta.get("uid", ""))) is not None]
-        keys = secret.result()
         return Children(
             pods=states,
             service=service,
             secret=keys is not None,
-            network_policy=policy.result(),
+            network_policy=network_policy,
             issued_workers=capacity.issued_workers(keys, job) if keys is not None else None,
         )
+
+    def _kept(self, meta: Mapping[str, Any]) -> list[str] | None:
+        """The keys of the job's Secret, when it, the NetworkPolicy and the Service were all
+        read as there within the last KEPT_FOR seconds (what the operator creates once, never
+        changes, and reads on every pass); None otherwise."""
+        with self._lock:
+            kept = self._known.get((meta["namespace"], meta["name"], meta.get("uid", "")))
+        if kept is None or kept[0] < time.monotonic():
+            return None
+        return kept[1]
+
+    def _keep(self, meta: Mapping[str, Any], keys: list[str]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if len(self._known) > KEPT_MAX:  # jobs long gone: drop what has expired
+                self._known = {k: v for k, v in self._known.items() if v[0] >= now}
+            self._known[(meta["namespace"], meta["name"], meta.get("uid", ""))] = (
+                now + KEPT_FOR,
+                keys,
+            )
 
     def _secret_keys(self, namespace: str, name: str) -> list[str] | None:
         """The keys of the job's Secret of credentials (what was issued), or None without."""
