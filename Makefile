@@ -13,7 +13,7 @@ export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)/operator
 export JAX_PLATFORMS ?= cpu
 
 .PHONY: help install run test test-unit test-process test-cluster test-e2e lint format verify protos \
-	bench bench-tf clean control-plane node images kueue cluster-up cluster-down
+	bench bench-tf clean control-plane node images kueue kubeflow cluster-up cluster-down
 # Debian packages of the one-node cluster and the image builder (hack/node.py, hack/image.py)
 NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack mmdebstrap openssl gcc
 TIMED := JAXPS_TIMES=$(CURDIR)/.work/times hack/timed.sh
@@ -107,6 +107,9 @@ images: install ## Build the runtime and operator images without a registry (cac
 kueue: ## Build Kueue v0.17.0's manager and chart from its Go module once (cached outside the repo)
 	hack/control-plane.sh kueue
 
+kubeflow: ## Build Kubeflow's training-operator v1.9.3 from its Go module once: bench/operator.py's baseline
+	hack/control-plane.sh kubeflow
+
 cluster-up: node images kueue ## Start a one-node cluster (root) with Kueue and the operator installed; writes .cluster/kubeconfig
 	$(PYTHON_SYSTEM) hack/node.py up --dir .cluster --with-kueue --with-jaxps
 	@echo "export KUBECONFIG=$(CURDIR)/.cluster/kubeconfig PATH=$$(hack/control-plane.sh bin):\$$PATH"
@@ -114,12 +117,12 @@ cluster-up: node images kueue ## Start a one-node cluster (root) with Kueue and 
 cluster-down: ## Stop everything cluster-up started; remove its pods, mounts, interfaces and state
 	$(PYTHON_SYSTEM) hack/node.py down --dir .cluster
 
-bench: install control-plane node images kueue ## Run the benchmarks (JSON lines on stdout; the node's needs root)
+bench: install control-plane node images kueue kubeflow ## Run the benchmarks (JSON lines on stdout; the node's needs root)
 	$(PY) bench/transport.py
 	$(PY) bench/training.py
 	$(PY) bench/recovery.py
 	$(PY) bench/recovery.py --kubernetes   # on the real node: a ps process killed in its pod
-	$(PY) bench/operator.py
+	$(PY) bench/operator.py --baseline kubeflow   # against Kubeflow's TFJob operator too
 	$(PY) bench/vs_tensorflow.py --rounds 3   # without TensorFlow: mutual TLS against plaintext
 
 clean: ## Remove the virtualenv and caches

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -73,7 +73,15 @@ def message(err: ApiException) -> str:
 
 
 def _json(response: Any) -> Any:
-    return json.loads(response.data)
+    return json.loads(response.data)  # read to its end, so the connection goes back to the pool
+
+
+def released(response: Any) -> None:
+    """Reads an answer (`_preload_content=False`) whose body is not wanted to its end, and
+    gives its connection back to the pool: one left unread is never reused, and the next
+    call pays a new TLS handshake."""
+    response.drain_conn()
+    response.release_conn()
 
 
 # A container waits for these on its normal way to running; any other waiting reason
@@ -160,13 +168,19 @@ class KubeCluster:
         # (namespace, name, uid) -> (until, the Secret's keys): see `_kept`
         self._known: dict[tuple[str, str, str], tuple[float, list[str]]] = {}
         self._lock = threading.Lock()
+        self._pods_ahead: dict[tuple[str, str], Future[list[dict[str, Any]]]] = {}
 
     # --- the port -----------------------------------------------------------------------------
 
     def children(self, job: Mapping[str, Any]) -> Children:
         meta = job["metadata"]
         namespace = meta["namespace"]
-        pods = self.reads.submit(self.list_pods, namespace, f"{builders.LABEL_JOB}={meta['name']}")
+        with self._lock:
+            pods = self._pods_ahead.pop((namespace, meta["name"]), None)
+        if pods is None:
+            pods = self.reads.submit(
+                self.list_pods, namespace, f"{builders.LABEL_JOB}={meta['name']}"
+            )
         keys = self._kept(meta)
         if keys is None:  # read what is not known to exist: the Secret, NetworkPolicy, Service
             secret = self.reads.submit(self._secret_keys, namespace, builders.secret_name(job))
@@ -230,7 +244,7 @@ class KubeCluster:
     @staticmethod
     def _exists(read: Any, namespace: str, name: str) -> bool:
         try:
-            read(name, namespace, _preload_content=False)
+            released(read(name, namespace, _preload_content=False))
         except ApiException as err:
             if err.status == 404:
                 return False
@@ -249,16 +263,24 @@ class KubeCluster:
     # --- TrainingJobs -------------------------------------------------------------------------
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The job, read while its pods are read beside it for the pass's `children`."""
+        ahead = self.reads.submit(self.list_pods, namespace, f"{builders.LABEL_JOB}={name}")
+        with self._lock:  # a key's passes never overlap: this one's `children` takes it
+            self._pods_ahead[namespace, name] = ahead
+        job: dict[str, Any] | None = None
         try:
-            job: dict[str, Any] = _json(
+            job = _json(
                 self.custom.get_namespaced_custom_object(
                     GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
                 )
             )
         except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+            if err.status != 404:
+                raise
+        finally:
+            if job is None or job["metadata"].get("deletionTimestamp"):  # no pass follows
+                with self._lock:
+                    self._pods_ahead.pop((namespace, name), None)
         return job
 
     def replace_job_status(self, job: Mapping[str, Any]) -> None:
@@ -318,7 +340,7 @@ class KubeCluster:
         }[manifest["kind"]]
         body: Any = dict(manifest)  # the client takes plain dicts as well as its models
         try:
-            create(namespace, body, _preload_content=False)
+            released(create(namespace, body, _preload_content=False))
         except ApiException as err:
             if err.status == 409:
                 return False
@@ -329,7 +351,7 @@ class KubeCluster:
         """Deletes a pod; False when it was already gone."""
         namespace = job["metadata"]["namespace"]
         try:
-            self.core.delete_namespaced_pod(name, namespace, _preload_content=False)
+            released(self.core.delete_namespaced_pod(name, namespace, _preload_content=False))
         except ApiException as err:
             if err.status == 404:
                 return False
@@ -368,4 +390,4 @@ class KubeCluster:
             "lastTimestamp": now,
             "count": 1,
         }
-        self.core.create_namespaced_event(meta["namespace"], body, _preload_content=False)
+        released(self.core.create_namespaced_event(meta["namespace"], body, _preload_content=False))

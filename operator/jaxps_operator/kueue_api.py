@@ -18,6 +18,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from jaxps_operator import builders, kueue
+from jaxps_operator.kube import released
 from jaxps_operator.reconcile import ConflictError
 
 PLURAL = "workloads"
@@ -40,7 +41,7 @@ class KubeWorkloads:
     def _missing_api(self) -> bool:
         """Whether Kueue's Workload CRD is absent (a 404 then means no API, not no object)."""
         try:
-            self.extensions.read_custom_resource_definition(CRD, _preload_content=False)
+            released(self.extensions.read_custom_resource_definition(CRD, _preload_content=False))
         except ApiException as err:
             if err.status == 404:
                 return True
@@ -140,23 +141,31 @@ class KubeWorkloads:
         args = (kueue.GROUP, kueue.VERSION, namespace, PLURAL)
         try:
             if action.verb == "create":
-                self.custom.create_namespaced_custom_object(*args, body, _preload_content=False)
+                released(
+                    self.custom.create_namespaced_custom_object(*args, body, _preload_content=False)
+                )
             elif action.verb == "update":
-                self.custom.replace_namespaced_custom_object(
-                    *args, name, body, _preload_content=False
+                released(
+                    self.custom.replace_namespaced_custom_object(
+                        *args, name, body, _preload_content=False
+                    )
                 )
             elif action.verb == "status":
-                self.custom.replace_namespaced_custom_object_status(
-                    *args, name, body, _preload_content=False
+                released(
+                    self.custom.replace_namespaced_custom_object_status(
+                        *args, name, body, _preload_content=False
+                    )
                 )
             elif action.verb == "delete":
-                self.custom.delete_namespaced_custom_object(
-                    *args,
-                    name,
-                    body=client.V1DeleteOptions(
-                        preconditions=client.V1Preconditions(uid=meta.get("uid"))
-                    ),
-                    _preload_content=False,
+                released(
+                    self.custom.delete_namespaced_custom_object(
+                        *args,
+                        name,
+                        body=client.V1DeleteOptions(
+                            preconditions=client.V1Preconditions(uid=meta.get("uid"))
+                        ),
+                        _preload_content=False,
+                    )
                 )
             else:
                 raise ValueError(f"unknown Workload action {action.verb!r}")
