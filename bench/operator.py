@@ -31,7 +31,6 @@ Cases:
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import socket
@@ -339,37 +338,18 @@ def p99(times: list[float]) -> float:
 
 def serving_certs() -> None:
     """The webhook certificate files Kubeflow's operator reads at start, at the path it has
-    built in (its rotator only checks they exist; its webhooks are not registered here)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    built in (its rotator only checks they exist; its webhooks are not registered here): a
+    self-signed pair, the runtime's own."""
+    sys.path.insert(0, str(ROOT / "runtime"))
+    from jaxps_runtime.wire import credentials
 
     where = Path("/tmp/k8s-webhook-server/serving-certs")
     if (where / "tls.crt").exists() and (where / "tls.key").exists():
         return
     where.mkdir(parents=True, exist_ok=True)
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "training-operator.bench")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    (where / "tls.key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    (where / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pair = credentials.authority("bench")
+    (where / "tls.key").write_bytes(pair.key)
+    (where / "tls.crt").write_bytes(pair.cert)
 
 
 def ready(url: str) -> Callable[[], bool]:
