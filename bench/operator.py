@@ -31,6 +31,7 @@ Cases:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -137,6 +138,10 @@ class PodCounter:
         threading.Thread(target=self._watch, daemon=True, name=f"pods-{namespace}").start()
 
     def _watch(self) -> None:
+        with contextlib.suppress(Exception):  # the control plane stopped: the run is over
+            self._follow()
+
+    def _follow(self) -> None:
         version = ""
         while True:
             stream = self.core.list_namespaced_pod(

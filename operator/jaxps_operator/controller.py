@@ -32,7 +32,7 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from jaxps_operator import builders, kube, kueue, kueue_api, reconcile
+from jaxps_operator import builders, kube, kueue, kueue_api, reconcile, schema
 from jaxps_operator.conditions import STATES
 from jaxps_operator.workqueue import Key, WorkQueue
 
@@ -312,6 +312,7 @@ def identity() -> str:
 def run(options: Options) -> None:
     """Runs the operator until SIGTERM or SIGINT."""
     kube.load_config()
+    schema.compile_rules()  # now, not in the first job's pass
     metrics = Metrics()
     controller = Controller(
         options=options,

@@ -175,6 +175,27 @@ def _program(rule: str) -> Any:
     return env.program(env.compile(rule))
 
 
+def compile_rules() -> int:
+    """Compiles every CEL rule of the CRD now (each is compiled once, at its first use, which
+    otherwise made the first job's pass 0.15 s slower); the number of rules."""
+    rules = []
+    stack: list[Any] = [openapi_schema()]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for rule in node.get("x-kubernetes-validations", []):
+                rules += [
+                    rule["rule"],
+                    *([rule["messageExpression"]] if "messageExpression" in rule else []),
+                ]
+            stack += node.values()
+        elif isinstance(node, list):
+            stack += node
+    for rule in rules:
+        _program(rule)
+    return len(rules)
+
+
 _ABSENT = object()  # no old object at a path: a transition rule there is not checked
 
 
