@@ -267,9 +267,13 @@ def registry(controller: Controller) -> kopf.OperatorRegistry:
         await controller.stop()
 
     @kopf.on.event(kube.GROUP, kube.VERSION, kube.PLURAL, registry=reg)
-    async def job_event(type: str, name: str, namespace: str | None, **_: Any) -> None:
+    async def job_event(
+        type: str, name: str, namespace: str | None, event: Mapping[str, Any], **_: Any
+    ) -> None:
         if namespace is None:
             return
+        if isinstance(controller.reconciler.cluster, kube.KubeCluster):
+            controller.reconciler.cluster.seen(type, event.get("object") or {})
         if type == "DELETED":
             controller.forget((namespace, name))
         else:

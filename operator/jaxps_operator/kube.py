@@ -76,6 +76,19 @@ def _json(response: Any) -> Any:
     return json.loads(response.data)  # read to its end, so the connection goes back to the pool
 
 
+def _newer(job: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:
+    """Whether `job` is a later version of the same object than `than` (etcd's resource
+    versions grow; one that is no number is taken as later)."""
+    if than is None:
+        return True
+    if (job.get("metadata") or {}).get("uid") != than["metadata"].get("uid"):
+        return True
+    try:
+        return int(job["metadata"]["resourceVersion"]) > int(than["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return True
+
+
 def released(response: Any) -> None:
     """Reads an answer (`_preload_content=False`) whose body is not wanted to its end, and
     gives its connection back to the pool: one left unread is never reused, and the next
@@ -169,6 +182,7 @@ class KubeCluster:
         self._known: dict[tuple[str, str, str], tuple[float, list[str]]] = {}
         self._lock = threading.Lock()
         self._pods_ahead: dict[tuple[str, str], Future[list[dict[str, Any]]]] = {}
+        self._jobs: dict[tuple[str, str], dict[str, Any]] = {}  # see `seen`
 
     # --- the port -----------------------------------------------------------------------------
 
@@ -262,18 +276,31 @@ class KubeCluster:
 
     # --- TrainingJobs -------------------------------------------------------------------------
 
+    def seen(self, type_: str | None, job: Mapping[str, Any]) -> None:
+        """A watch event of a TrainingJob: its body is what the next pass reads, unless the
+        body kept is newer (a status this operator wrote, whose own event is still to come)."""
+        meta = job.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        with self._lock:
+            if type_ == "DELETED":
+                self._jobs.pop(key, None)
+            elif _newer(job, self._jobs.get(key)):
+                self._jobs[key] = dict(job)
+
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The job, read while its pods are read beside it for the pass's `children`."""
+        """The job as last seen (watched, or as its status was written), else read; its pods
+        are read beside it for the pass's `children`."""
         ahead = self.reads.submit(self.list_pods, namespace, f"{builders.LABEL_JOB}={name}")
         with self._lock:  # a key's passes never overlap: this one's `children` takes it
             self._pods_ahead[namespace, name] = ahead
-        job: dict[str, Any] | None = None
+            job: dict[str, Any] | None = self._jobs.get((namespace, name))
         try:
-            job = _json(
-                self.custom.get_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
+            if job is None:
+                job = _json(
+                    self.custom.get_namespaced_custom_object(
+                        GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
+                    )
                 )
-            )
         except ApiException as err:
             if err.status != 404:
                 raise
@@ -286,11 +313,14 @@ class KubeCluster:
     def replace_job_status(self, job: Mapping[str, Any]) -> None:
         """Writes `job`'s status, guarded by its resourceVersion (409 -> `ConflictError`)."""
         meta = job["metadata"]
+        key = (meta["namespace"], meta["name"])
         try:
-            self.custom.replace_namespaced_custom_object_status(
+            written = self.custom.replace_namespaced_custom_object_status(
                 GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], dict(job)
             )
         except ApiException as err:
+            with self._lock:  # the pass is repeated: on the job as the API server has it
+                self._jobs.pop(key, None)
             if err.status == 409:
                 raise ConflictError(
                     f"TrainingJob {meta['name']} changed while it was reconciled"
@@ -298,10 +328,14 @@ class KubeCluster:
             if err.status == 404:
                 return
             raise
+        if isinstance(written, dict):
+            self.seen("MODIFIED", written)
 
     def delete_job(self, job: Mapping[str, Any]) -> None:
         """Deletes the job; the garbage collector deletes its children (owner references)."""
         meta = job["metadata"]
+        with self._lock:  # what follows reads it from the API server: deleting, or gone
+            self._jobs.pop((meta["namespace"], meta["name"]), None)
         try:
             self.custom.delete_namespaced_custom_object(
                 GROUP,
