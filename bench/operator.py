@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -341,16 +342,19 @@ def p99(times: list[float]) -> float:
     return statistics.quantiles(times, n=100, method="inclusive")[98]
 
 
-def serving_certs() -> None:
+def serving_certs(stack: ExitStack) -> None:
     """The webhook certificate files Kubeflow's operator reads at start, at the path it has
     built in (its rotator only checks they exist; its webhooks are not registered here): a
-    self-signed pair, the runtime's own."""
+    self-signed pair, the runtime's own, removed when the run ends if the run made it."""
     sys.path.insert(0, str(ROOT / "runtime"))
     from jaxps_runtime.wire import credentials
 
-    where = Path("/tmp/k8s-webhook-server/serving-certs")
+    top = Path("/tmp/k8s-webhook-server")
+    where = top / "serving-certs"
     if (where / "tls.crt").exists() and (where / "tls.key").exists():
         return
+    if not top.exists():
+        stack.callback(shutil.rmtree, top, ignore_errors=True)
     where.mkdir(parents=True, exist_ok=True)
     pair = credentials.authority("bench")
     (where / "tls.key").write_bytes(pair.key)
@@ -523,8 +527,9 @@ def main() -> int:
         subprocess.run(
             [str(ROOT / "hack" / "control-plane.sh"), "kubeflow"], check=True, stdout=sys.stderr
         )
-        serving_certs()
     with tempfile.TemporaryDirectory(prefix="jaxps-bench-operator-") as name, ExitStack() as stack:
+        if kubeflow:
+            serving_certs(stack)
         tmp = Path(name)
         state = tmp / "cluster"
         cluster = [sys.executable, str(ROOT / "hack" / "cluster.py")]
