@@ -15,6 +15,7 @@ import pytest
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps_runtime.config.training import OptimizerConfig
 from jaxps_runtime.ps.held import Held
+from jaxps_runtime.ps.modes import bounded
 from jaxps_runtime.ps.modes.policy import PsError, Push
 from jaxps_runtime.ps.store import ParameterStore
 from jaxps_runtime.ps.updates import finite
@@ -110,6 +111,48 @@ def test_bounded_staleness_stops_holding_back_a_worker_the_chief_dropped(
     _async_push(store, "worker-0", "p0")
     store.policy.set_workers(["worker-0"])  # worker-1 died
     store.policy.before_read("worker-0", is_active=lambda: True)
+
+
+def test_bounded_staleness_holds_nobody_once_the_last_step_is_reached(
+    store: ParameterStore,
+) -> None:
+    _init(store, Mode(kind=ps_pb2.BOUNDED_STALENESS, max_staleness=0, last_step=2))
+    for i in range(2):
+        assert _async_push(store, "worker-0", f"p{i}")
+    assert store.step == 2
+    # two ahead of worker-1, but no push counts any more: held, it would wait forever
+    reader = threading.Thread(
+        target=store.policy.before_read,
+        args=("worker-0",),
+        kwargs={"is_active": lambda: True},
+        daemon=True,  # held (the failure): no thread left behind
+    )
+    reader.start()
+    reader.join(timeout=5)  # well below STALLED_SECONDS: not let through for a stall
+    assert not reader.is_alive()
+    assert "holds_let_through" not in store.counters.values
+
+
+def test_bounded_staleness_lets_a_read_through_when_no_push_counts_for_a_while(
+    store: ParameterStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker it waits for pushes nothing (held on another ps whose clocks differ, or
+    hung): the hold ends rather than stalling the job."""
+    monkeypatch.setattr(bounded, "STALLED_SECONDS", 0.3)
+    _init(store, Mode(kind=ps_pb2.BOUNDED_STALENESS, max_staleness=0))
+    assert _async_push(store, "worker-0", "p0")
+    pushed = time.monotonic()
+    released = threading.Event()
+
+    def read() -> None:
+        store.policy.before_read("worker-0", is_active=lambda: True)
+        released.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert released.wait(30)
+    assert time.monotonic() - pushed >= 0.3
+    assert store.counters.values.get("holds_let_through") == 1
 
 
 def test_sync_averages_one_gradient_per_worker_then_opens_the_next_step(
