@@ -25,6 +25,7 @@ from jaxps.v1 import coordinator_pb2 as co_pb2
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime.wire import bulk, credentials, rpc, streams
+from jaxps_runtime.wire.bulk import sealed
 from tests.process import harness
 from tests.process.waiting import wait_for
 
@@ -113,8 +114,9 @@ def attacked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
 
 def tls_connection(
     port: int, creds: credentials.TaskCredentials, *, hello: bool = True
-) -> ssl.SSLSocket | None:
-    """A bulk connection as a task of the job opens it; None when the ps closed it at once."""
+) -> socket.socket | None:
+    """A bulk connection as a task of the job opens it, handed over to sealed records (with
+    `hello`; else the TLS session before the hello); None when the ps closed it at once."""
     raw = socket.create_connection(("127.0.0.1", port), timeout=30)
     conn = creds.ssl_context(server=False).wrap_socket(
         raw, server_hostname=creds.server_name("127.0.0.1")
@@ -122,10 +124,13 @@ def tls_connection(
     if not hello:
         return conn
     try:
-        conn.sendall(bulk.HELLO)
-        if conn.recv(len(bulk.HELLO)) == bulk.HELLO:
-            return conn
-    except OSError:
+        mine = sealed.draw()
+        conn.sendall(bulk.HELLO + mine)
+        answer = conn.recv(len(bulk.HELLO) + sealed.RANDOM_BYTES)
+        if answer[: len(bulk.HELLO)] == bulk.HELLO:
+            theirs = answer[len(bulk.HELLO) :]
+            return sealed.hand_over(conn, client_random=mine, server_random=theirs, server=False)
+    except (OSError, ValueError):
         pass
     conn.close()
     return None
@@ -134,7 +139,7 @@ def tls_connection(
 def closed_by_peer(conn: socket.socket) -> bool:
     try:
         return conn.recv(1 << 16) == b""
-    except ssl.SSLWantReadError:
+    except (ssl.SSLWantReadError, BlockingIOError):
         return False
     except OSError:
         return True
@@ -367,7 +372,7 @@ def mutated(frame: bytes, rng: random.Random) -> bytes:
     return bytes(data)
 
 
-def answered_or_closed(conn: ssl.SSLSocket, *, within: float) -> str:
+def answered_or_closed(conn: socket.socket, *, within: float) -> str:
     """Reads until the ps closes the connection: "closed", or "answered <code>" when a reply's
     prefix came first. Fails when neither happens within `within` seconds."""
     deadline = time.monotonic() + within

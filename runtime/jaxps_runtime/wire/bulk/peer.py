@@ -3,7 +3,8 @@ pool of idle connections to it. A call that cannot use it (no port known, or the
 failed: the port is forgotten until the next Status) goes over gRPC (`transport` chooses), which
 always works. With the task's credentials the socket is mutual TLS against the job's CA
 (Python's ssl, with the checks gRPC makes: the server's certificate carries the name of the
-host dialled). Thread-safe.
+host dialled), handed over to sealed records once both ends are proven (`sealed`).
+Thread-safe.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime.wire.bulk import protocol
+from jaxps_runtime.wire.bulk import protocol, sealed
 from jaxps_runtime.wire.bulk.limits import IDLE_SECONDS, MAX_MESSAGE_BYTES
 from jaxps_runtime.wire.bulk.protocol import BulkError
 from jaxps_runtime.wire.credentials import TaskCredentials, split_host
@@ -189,11 +190,18 @@ class Peer:
         conn = socket.create_connection((self.host, port), timeout=CONNECT_SECONDS)
         try:
             protocol.tune(conn)
+            mine = sealed.draw() if self._tls is not None else b""
             if self._tls is not None:  # the plain socket is detached: conn is all there is
                 conn = self._tls.wrap_socket(conn, server_hostname=self._server_name)
-            conn.sendall(protocol.HELLO)
-            if protocol.recv_bytes(conn, len(protocol.HELLO)) != protocol.HELLO:
+            conn.sendall(protocol.HELLO + mine)
+            answer = protocol.recv_bytes(conn, len(protocol.HELLO) + len(mine))
+            if answer[: len(protocol.HELLO)] != protocol.HELLO:
                 raise ValueError(f"{self.host}:{port} is no jaxps bulk listener")
+            if isinstance(conn, ssl.SSLSocket):
+                theirs = answer[len(protocol.HELLO) :]
+                conn = sealed.hand_over(
+                    conn, client_random=mine, server_random=theirs, server=False
+                )
         except BaseException:
             conn.close()
             raise
@@ -202,7 +210,7 @@ class Peer:
     def give_back(self, conn: socket.socket, *, reusable: bool) -> None:
         with self._lock:
             self._busy.discard(conn)
-            if reusable and not self._closed:
+            if reusable and not self._closed and not getattr(conn, "worn", False):
                 self._idle.append((conn, time.monotonic()))
                 return
         conn.close()

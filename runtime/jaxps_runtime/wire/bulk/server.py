@@ -1,5 +1,5 @@
 """The ps's end of the bulk path: a listener, a thread per connection (the TLS handshake, the
-hello, then its calls, `calls.Calls`), within `limits.Limits`.
+hello, the handover to sealed records, then its calls, `calls.Calls`), within `limits.Limits`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from jaxps_runtime.wire import authz, streams
-from jaxps_runtime.wire.bulk import protocol
+from jaxps_runtime.wire.bulk import protocol, sealed
 from jaxps_runtime.wire.bulk.calls import Calls
 from jaxps_runtime.wire.bulk.limits import (
     HANDSHAKE_SECONDS,
@@ -137,12 +137,23 @@ class BulkServer:
                 with self._lock:
                     self._connections.discard(raw)
                     self._connections.add(conn)
-            if protocol.recv_bytes(conn, len(protocol.HELLO)) != protocol.HELLO:
+            size = len(protocol.HELLO) + (sealed.RANDOM_BYTES if self._tls is not None else 0)
+            hello = protocol.recv_bytes(conn, size)
+            if hello[: len(protocol.HELLO)] != protocol.HELLO:
                 log.debug("%s: bulk connection from %s did not say hello", self._task, peer)
                 return
             caller = self._caller(conn)
             counted = self._limits.count(caller.uri if caller else str(peer[0]))
-            conn.sendall(protocol.HELLO)
+            mine = sealed.draw() if isinstance(conn, ssl.SSLSocket) else b""
+            conn.sendall(protocol.HELLO + mine)
+            if isinstance(conn, ssl.SSLSocket):
+                tls = conn
+                conn = sealed.hand_over(
+                    tls, client_random=hello[len(protocol.HELLO) :], server_random=mine, server=True
+                )
+                with self._lock:
+                    self._connections.discard(tls)
+                    self._connections.add(conn)
             conn.settimeout(None)  # from here the reaper bounds every wait
             watch = self._limits.watch(conn, counted)
             while not self.closed:
