@@ -85,6 +85,17 @@ def test_bytes_go_through_whole_both_ways_however_they_are_read(
     assert not server.worn
 
 
+def test_many_small_records_read_ahead_in_one_go_come_out_in_order(
+    handed_over: tuple[sealed.Sealed, sealed.Sealed],
+) -> None:
+    client, server = handed_over
+    pieces = [os.urandom(1 + i % 300) for i in range(500)]
+    for piece in pieces:  # all in the socket before the first read: read ahead together
+        client.sendall(piece)
+    whole = b"".join(pieces)
+    assert _receive(server, len(whole), 7) == whole
+
+
 def _keyed() -> tuple[sealed.Sealed, socket.socket, socket.socket, sealed.Sealed]:
     """A sealing end, the raw bytes it sends (to change them), and where they go to be opened."""
     key = AESGCM(AESGCM.generate_key(bit_length=128))

@@ -44,6 +44,7 @@ TAG_BYTES = 16
 RANDOM_BYTES = 32
 MAX_RECORDS = 1 << 18
 _LENGTH = struct.Struct("<I")
+_READ_AHEAD = 64 << 10
 _CLIENT, _SERVER = b"jaxps bulk client", b"jaxps bulk server"
 
 
@@ -87,6 +88,10 @@ class Sealed(socket.socket):
         self._plain = bytearray()  # a record opened but not all read yet
         self._left = memoryview(b"")  # what of `_plain` is still to be read
         self._head = b""  # the length of the record being opened: its associated data
+        # Bytes read ahead of what was asked for, [_ahead_at, _ahead_end): small records come
+        # in one system call, length and all; large ones go straight where they are wanted.
+        self._ahead = bytearray(_READ_AHEAD)
+        self._ahead_at = self._ahead_end = 0
 
     @property
     def worn(self) -> bool:
@@ -139,14 +144,11 @@ class Sealed(socket.socket):
     def _next_length(self) -> int:
         """The next record's length; 0 if the peer closed before it."""
         head = bytearray(_LENGTH.size)
-        got = 0
-        while got < len(head):
-            n = super().recv_into(memoryview(head)[got:])
-            if not n:
-                if got:
-                    raise ConnectionError("the peer closed in the middle of a record's length")
-                return 0
-            got += n
+        got = self._fill(memoryview(head))
+        if not got:
+            return 0
+        if got < len(head):
+            raise ConnectionError("the peer closed in the middle of a record's length")
         size: int = _LENGTH.unpack(head)[0]
         if not 0 < size <= RECORD_BYTES:
             raise ConnectionError(f"a sealed record of {size} bytes (1 to {RECORD_BYTES})")
@@ -160,12 +162,8 @@ class Sealed(socket.socket):
         if len(self._in) < whole:
             self._in = bytearray(whole)
         sealed = memoryview(self._in)[:whole]
-        got = 0
-        while got < whole:
-            n = super().recv_into(sealed[got:])
-            if not n:
-                raise ConnectionError("the peer closed in the middle of a record")
-            got += n
+        if self._fill(sealed) < whole:
+            raise ConnectionError("the peer closed in the middle of a record")
         try:
             self._opening.decrypt_into(_nonce(self._received), sealed, self._head, into)
         except InvalidTag:
@@ -173,6 +171,30 @@ class Sealed(socket.socket):
                 None
             )
         self._received += 1
+
+    def _fill(self, view: memoryview) -> int:
+        """Fills `view` from the bytes read ahead, then the socket; how many bytes it got (fewer
+        only when the peer closed)."""
+        ahead = memoryview(self._ahead)
+        got = min(self._ahead_end - self._ahead_at, len(view))
+        view[:got] = ahead[self._ahead_at : self._ahead_at + got]
+        self._ahead_at += got
+        while got < len(view):
+            left = len(view) - got
+            if left >= len(ahead):  # large: straight where it is wanted
+                n = super().recv_into(view[got:])
+                if not n:
+                    return got
+                got += n
+                continue
+            n = super().recv_into(ahead)  # what is there, up to the read-ahead's size
+            if not n:
+                return got
+            take = min(n, left)
+            view[got : got + take] = ahead[:take]
+            self._ahead_at, self._ahead_end = take, n
+            got += take
+        return got
 
 
 def _nonce(number: int) -> bytes:
