@@ -87,7 +87,7 @@ class Sealed(socket.socket):
         self._in = bytearray()  # a record's sealed bytes and tag, read whole
         self._plain = bytearray()  # a record opened but not all read yet
         self._left = memoryview(b"")  # what of `_plain` is still to be read
-        self._head = b""  # the length of the record being opened: its associated data
+        self._head = bytearray(_LENGTH.size)  # the record's length: its associated data
         # Bytes read ahead of what was asked for, [_ahead_at, _ahead_end): small records come
         # in one system call, length and all; large ones go straight where they are wanted.
         self._ahead = bytearray(_READ_AHEAD)
@@ -143,18 +143,16 @@ class Sealed(socket.socket):
 
     def _next_length(self) -> int:
         """The next record's length; 0 if the peer closed before it."""
-        head = bytearray(_LENGTH.size)
-        got = self._fill(memoryview(head))
+        got = self._fill(memoryview(self._head))
         if not got:
             return 0
-        if got < len(head):
+        if got < len(self._head):
             raise ConnectionError("the peer closed in the middle of a record's length")
-        size: int = _LENGTH.unpack(head)[0]
+        size: int = _LENGTH.unpack(self._head)[0]
         if not 0 < size <= RECORD_BYTES:
             raise ConnectionError(f"a sealed record of {size} bytes (1 to {RECORD_BYTES})")
         if self._received >= MAX_RECORDS:
             raise ConnectionError(f"opened {MAX_RECORDS} records with one key")
-        self._head = bytes(head)
         return size
 
     def _open(self, size: int, into: memoryview) -> None:

@@ -132,28 +132,25 @@ class BulkServer:
         try:
             protocol.tune(raw)
             raw.settimeout(HANDSHAKE_SECONDS)  # each step of the handshake and the hello
+            tls = None
             if self._tls is not None:
-                conn = self._tls.wrap_socket(raw, server_side=True)  # raw is detached
-                with self._lock:
-                    self._connections.discard(raw)
-                    self._connections.add(conn)
-            size = len(protocol.HELLO) + (sealed.RANDOM_BYTES if self._tls is not None else 0)
-            hello = protocol.recv_bytes(conn, size)
+                tls = self._tls.wrap_socket(raw, server_side=True)  # raw is detached
+                conn = self._swap(raw, tls)
+            randoms = sealed.RANDOM_BYTES if tls is not None else 0
+            hello = protocol.recv_bytes(conn, len(protocol.HELLO) + randoms)
             if hello[: len(protocol.HELLO)] != protocol.HELLO:
                 log.debug("%s: bulk connection from %s did not say hello", self._task, peer)
                 return
             caller = self._caller(conn)
             counted = self._limits.count(caller.uri if caller else str(peer[0]))
-            mine = sealed.draw() if isinstance(conn, ssl.SSLSocket) else b""
+            mine = sealed.draw() if tls is not None else b""
             conn.sendall(protocol.HELLO + mine)
-            if isinstance(conn, ssl.SSLSocket):
-                tls = conn
-                conn = sealed.hand_over(
-                    tls, client_random=hello[len(protocol.HELLO) :], server_random=mine, server=True
+            if tls is not None:
+                theirs = hello[len(protocol.HELLO) :]
+                conn = self._swap(
+                    tls,
+                    sealed.hand_over(tls, client_random=theirs, server_random=mine, server=True),
                 )
-                with self._lock:
-                    self._connections.discard(tls)
-                    self._connections.add(conn)
             conn.settimeout(None)  # from here the reaper bounds every wait
             watch = self._limits.watch(conn, counted)
             while not self.closed:
@@ -182,6 +179,13 @@ class BulkServer:
                 self._connections.discard(conn)
                 self._threads.discard(threading.current_thread())
             self._limits.release(counted, watch)
+
+    def _swap(self, old: socket.socket, new: socket.socket) -> socket.socket:
+        """`new` takes `old`'s place among the connections `close` ends; `new`."""
+        with self._lock:
+            self._connections.discard(old)
+            self._connections.add(new)
+        return new
 
     @staticmethod
     def _caller(conn: socket.socket) -> Identity | None:
