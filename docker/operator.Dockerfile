@@ -1,4 +1,4 @@
-# The jaxps operator: kopf, the kubernetes client and jaxps_operator. No JAX, no grpc, no numpy
+# The jaxps operator: jaxps_operator and its extra (the SDK's kubernetes client among it). No JAX, no grpc, no numpy
 # (import-linter keeps the operator from importing them; `.[operator]` does not install them).
 #   docker build -f docker/operator.Dockerfile -t ghcr.io/jaxps/operator:0.1.0 .
 FROM python:3.11-slim AS build

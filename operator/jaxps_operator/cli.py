@@ -3,14 +3,13 @@
 jaxps validate FILE...                 exit 0 if every manifest is valid, 2 otherwise
 jaxps local FILE [--workdir DIR] [--json] [--kill TASK@step=N ...] [--scale worker=N@step=S ...]
                                        exit 0 Succeeded, 1 Failed, 2 invalid manifest
-jaxps operator [--namespace NS ...]    the Kubernetes operator (kopf), until SIGTERM
+jaxps operator [--namespace NS ...]    the Kubernetes operator, until SIGTERM
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import random
 import signal
 import sys
 import time
@@ -278,18 +277,8 @@ def _bounded(kind: type[int] | type[float], low: float, high: float) -> Any:
     return parse
 
 
-def _priority(text: str) -> int:
-    """An integer, or `random`: replicas of equal priority would all pause (kopf peering)."""
-    if text == "random":
-        return random.randint(1, 2**31 - 1)
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"got {text!r}; expected an integer or 'random'") from None
-
-
 def run_operator(args: argparse.Namespace) -> int:
-    # kopf and the kubernetes client load only for this command
+    # the watches and the API client load only for this command
     from jaxps_operator import controller  # noqa: PLC0415
 
     if args.liveness and not args.liveness.startswith(("http://", "https://")):
@@ -306,7 +295,6 @@ def run_operator(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port or None,
             liveness=args.liveness or None,
             peering=args.peering,
-            priority=args.priority,
             image=args.runtime_image,
             network_policy=args.network_policy,
             kueue=args.kueue,
@@ -379,19 +367,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--liveness",
         default="http://0.0.0.0:8080/healthz",
         metavar="URL",
-        help="kopf's liveness endpoint; '' turns it off (default http://0.0.0.0:8080/healthz)",
+        help="the liveness endpoint (200 once the jobs are listed); '' turns it off (default http://0.0.0.0:8080/healthz)",
     )
     ops.add_argument(
         "--peering",
         metavar="NAME",
-        help="run as one of several replicas: the KopfPeering object NAME decides which one "
-        "works (default: standalone)",
-    )
-    ops.add_argument(
-        "--priority",
-        type=_priority,
-        default=0,
-        help="this replica's peering priority, or 'random' (default 0)",
+        help="run as one of several replicas: the holder of the Lease NAME in the operator's "
+        "namespace (POD_NAMESPACE) works, the others wait (default: standalone)",
     )
     ops.add_argument(
         "--runtime-image",

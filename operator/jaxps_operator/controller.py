@@ -1,38 +1,60 @@
-"""The operator: kopf watches, a work queue, and the reconcile pass on the API server.
+"""The operator: watches, a work queue, and the reconcile pass on the API server.
 
-    jaxps operator [--namespace NS ...]
+    jaxps operator [--namespace NS ...] [--peering NAME]
 
-kopf delivers the watch events of TrainingJobs and of the pods and Services labelled with
-`jaxps.dev/job-name`; each only puts the job's key on a work queue (stateless `on.event`
-handlers: kopf writes nothing on any object). Workers take a key at a time, never the same
-key twice at once, and run one level-based pass in a thread, so blocking API calls never stall
-the event loop: `reconcile.reconcile` on `kube.KubeCluster`, the same pass `jaxps local` runs.
+`informer.Informer`s list and watch the TrainingJobs and the pods, Services and Workloads
+labelled with `jaxps.dev/job-name`, each in a thread of its own; each event only puts the job's
+key on a work queue (and keeps the job's body and its pods for the passes to read: `kube`).
+Workers take a key at a time, never the same key twice at once, and run one level-based pass
+in a thread, so blocking API calls never stall the event loop: `reconcile.reconcile` on
+`kube.KubeCluster`, the same pass `jaxps local` runs.
 
 Events that arrive during a pass queue the key again; a Plan's `requeue_after` (deadline, TTL)
 and the progress interval are real timers; a pass that fails is tried again after a per-key
 exponential backoff with jitter (`workqueue`), which a successful pass resets. The status is
 written with the resourceVersion that was read, so a concurrent change (409) just repeats the
 pass (0.1 s later; a conflict is no failure). Pods are created with deterministic names, so a
-create that answers 409 is success and a restarted operator creates no duplicates.
+create that answers 409 is success and a restarted operator creates no duplicates. With
+`--peering`, only the replica that holds the Lease runs passes (`lease`).
+
+This replaced kopf and the official client (DESIGN.md's first operator): their imports alone
+made the process larger than Kubeflow's whole operator, and kopf's per-event machinery, with a
+LIST of the job's pods per pass, used four times its CPU. What kopf gave that is kept: the
+watches with bookmarks and re-lists, the liveness endpoint, several replicas of which one works.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fnmatch
+import json
 import logging
 import os
+import signal
 import socket
+import threading
 import time
-from collections.abc import Mapping
+import urllib.parse
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import kopf
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from jaxps_operator import builders, kube, kueue, kueue_api, reconcile, schema
+from jaxps_operator import (
+    apiserver,
+    builders,
+    informer,
+    kube,
+    kueue,
+    kueue_api,
+    lease,
+    reconcile,
+    schema,
+)
 from jaxps_operator.conditions import STATES
 from jaxps_operator.workqueue import Key, WorkQueue
 
@@ -49,8 +71,7 @@ class Options:
     resync_interval: float = 300.0  # every job is reconciled at least this often
     metrics_port: int | None = 8000
     liveness: str | None = "http://0.0.0.0:8080/healthz"
-    peering: str | None = None  # None: standalone (one replica)
-    priority: int = 0
+    peering: str | None = None  # the Lease that elects the working replica; None: standalone
     image: str = builders.DEFAULT_IMAGE  # the runtime image of pods whose template names none
     network_policy: bool = True  # a NetworkPolicy per job: only its own pods reach its pods
     kueue: bool = True  # jobs labelled kueue.x-k8s.io/queue-name wait for Kueue's admission
@@ -126,7 +147,7 @@ class Reconciler:
 
 @dataclass
 class Controller:
-    """The kopf-side state: the queue, the workers, what each job's state was last seen as."""
+    """The event loop's state: the queue, the workers, what each job's state was last seen as."""
 
     options: Options
     reconciler: Reconciler
@@ -134,6 +155,7 @@ class Controller:
     queue: WorkQueue = field(default_factory=WorkQueue)
     states: dict[Key, str] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    leading: threading.Event | None = None  # set while this replica works (None: standalone)
 
     def start(self) -> None:
         self.tasks = [
@@ -171,6 +193,8 @@ class Controller:
 
     async def _worker(self, number: int) -> None:
         while True:
+            while self.leading is not None and not self.leading.is_set():
+                await asyncio.sleep(0.2)  # a standby: keys wait in the queue until it leads
             key = await self.queue.get()
             self.metrics.queue.set(len(self.queue))
             started = time.perf_counter()
@@ -179,7 +203,7 @@ class Controller:
             except reconcile.ConflictError as err:
                 log.info("%s: pass repeated", err)
                 self.queue.add_after(key, 0.1)
-            except kube.ApiException as err:
+            except kube.ApiError as err:
                 self.metrics.errors.inc()
                 delay = self.queue.retry(key)
                 log.warning(
@@ -209,139 +233,183 @@ class Controller:
                 self.queue.done(key)
 
 
-# --- kopf wiring ---------------------------------------------------------------------------------
+# --- watches, the Lease, the liveness endpoint -------------------------------------------------
 
 
-class NoDiffBase(kopf.AnnotationsDiffBaseStorage):
-    """kopf's record of an object's last handled state, which only change handlers (`on.create`,
-    `on.update`, ...) read; the operator has none, only `on.event`. kopf still builds the
-    record of every event it processes (a deep copy of the whole body, then pruned): on a
-    job's pods that was a tenth of kopf's time. Nothing is built, so nothing is compared."""
+def matcher(patterns: tuple[str, ...]) -> Callable[[str], bool]:
+    """Which namespaces globs like `team-*` (and exclusions like `!team-x`) name; () is all."""
+    include = [p for p in patterns if not p.startswith("!")]
+    exclude = [p[1:] for p in patterns if p.startswith("!")]
 
-    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
-        return kopf.BodyEssence()
+    def accept(namespace: str) -> bool:
+        if any(fnmatch.fnmatchcase(namespace, p) for p in exclude):
+            return False
+        return not include or any(fnmatch.fnmatchcase(namespace, p) for p in include)
 
-    def fetch(self, *, body: Any) -> Any:
-        return None
+    return accept
 
 
-def registry(controller: Controller) -> kopf.OperatorRegistry:
-    """The kopf handlers, registered on their own registry (nothing happens at import time)."""
-    reg = kopf.OperatorRegistry()
+@dataclass(frozen=True)
+class Watched:
+    """A kind the operator watches: its API path prefix and plural, and the label it needs."""
+
+    prefix: str  # /api/v1 or /apis/GROUP/VERSION
+    plural: str
+    selector: str | None
+
+    def paths(self, namespaces: tuple[str, ...]) -> list[str]:
+        """One path per namespace when all are named; else the cluster's (globs filter it)."""
+        if namespaces and not any(set(ns) & set("*?[!") for ns in namespaces):
+            return [f"{self.prefix}/namespaces/{ns}/{self.plural}" for ns in namespaces]
+        return [f"{self.prefix}/{self.plural}"]
+
+
+JOBS = Watched(f"/apis/{kube.GROUP}/{kube.VERSION}", kube.PLURAL, None)
+PODS = Watched("/api/v1", "pods", builders.LABEL_JOB)
+SERVICES = Watched("/api/v1", "services", builders.LABEL_JOB)
+WORKLOADS = Watched(f"/apis/{kueue.GROUP}/{kueue.VERSION}", kueue_api.PLURAL, builders.LABEL_JOB)
+
+
+def informers(
+    api: apiserver.Api,
+    controller: Controller,
+    cluster: kube.KubeCluster,
+    loop: asyncio.AbstractEventLoop,
+) -> dict[str, list[informer.Informer]]:
+    """The watches of jobs and of their pods, Services and (with Kueue) Workloads; each event
+    only puts the job's key on the queue, from the watch's thread onto the event loop."""
     options = controller.options
+    accept = matcher(options.namespaces)
 
-    @kopf.on.startup(registry=reg)
-    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        # Own prefixes, so kopf's bookkeeping (if a change handler is ever added) stays ours.
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-        settings.persistence.diffbase_storage = NoDiffBase(
-            prefix=PREFIX, key="last-handled-configuration"
-        )
-        settings.persistence.finalizer = f"{PREFIX}/finalizer"
-        # kopf posts its own warnings and errors as Events; ours are posted by the passes.
-        settings.posting.enabled = True
-        settings.posting.level = logging.WARNING
-        # Watches are re-opened every few minutes; a silent stream is noticed within a minute.
-        settings.watching.server_timeout = 240
-        settings.watching.client_timeout = 270
-        settings.watching.connect_timeout = 10
-        settings.watching.reconnect_backoff = 1.0
-        settings.watching.inactivity_timeout = 60
-        settings.networking.request_timeout = 60
-        settings.networking.connect_timeout = 10
-        if options.namespaces and not any("*" in ns for ns in options.namespaces):
-            settings.scanning.disabled = True  # fixed namespaces: no namespace list needed
-        controller.start()
-        log.info(
-            "jaxps operator: watching %s with %d workers",
-            ", ".join(options.namespaces) or "every namespace",
-            options.workers,
-        )
-
-    @kopf.on.login(registry=reg)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        return kopf.login_via_client(**kwargs)  # the same credentials as kube.load_config()
-
-    @kopf.on.cleanup(registry=reg)
-    async def cleanup(**_: Any) -> None:
-        await controller.stop()
-
-    @kopf.on.event(kube.GROUP, kube.VERSION, kube.PLURAL, registry=reg)
-    async def job_event(
-        type: str, name: str, namespace: str | None, event: Mapping[str, Any], **_: Any
-    ) -> None:
-        if namespace is None:
-            return
-        if isinstance(controller.reconciler.cluster, kube.KubeCluster):
-            controller.reconciler.cluster.seen(type, event.get("object") or {})
-        if type == "DELETED":
-            controller.forget((namespace, name))
+    def job_event(type_: str, job: dict[str, Any]) -> None:
+        meta = job.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        cluster.seen(type_, job)
+        if type_ == "DELETED":
+            loop.call_soon_threadsafe(controller.forget, key)
         else:
-            controller.touch((namespace, name))
+            loop.call_soon_threadsafe(controller.touch, key)
 
-    def child_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
-        job = labels.get(builders.LABEL_JOB)
-        if job and namespace is not None:
-            controller.touch((namespace, job))
+    def child_event(type_: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        job = (meta.get("labels") or {}).get(builders.LABEL_JOB)
+        if job:
+            loop.call_soon_threadsafe(controller.touch, (str(meta.get("namespace", "")), job))
 
-    for plural in ("pods", "services"):
-        kopf.on.event(
-            plural, labels={builders.LABEL_JOB: kopf.PRESENT}, id=f"{plural}-event", registry=reg
-        )(child_event)
+    def pod_event(type_: str, pod: dict[str, Any]) -> None:
+        cluster.pod_seen(type_, pod)
+        child_event(type_, pod)
+
+    kinds: list[tuple[str, Watched, informer.Handler]] = [
+        ("jobs", JOBS, job_event),
+        ("pods", PODS, pod_event),
+        ("services", SERVICES, child_event),
+    ]
     if options.kueue:  # Kueue admits, evicts and requeues through the Workload: a pass each
-        kopf.on.event(
-            kueue.GROUP,
-            kueue.VERSION,
-            kueue_api.PLURAL,
-            labels={builders.LABEL_JOB: kopf.PRESENT},
-            id="workloads-event",
-            registry=reg,
-        )(child_event)
+        kinds.append(("workloads", WORKLOADS, child_event))
+    return {
+        name: [
+            informer.Informer(api, path, handler, selector=kind.selector, accept=accept)
+            for path in kind.paths(options.namespaces)
+        ]
+        for name, kind, handler in kinds
+    }
 
-    @kopf.on.probe(id="jobs", registry=reg)
-    def probe(**_: Any) -> dict[str, int]:
-        return {"jobs": len(controller.states), "queued": len(controller.queue)}
 
-    return reg
+def serve_liveness(url: str, probe: Callable[[], dict[str, int] | None]) -> ThreadingHTTPServer:
+    """GET on the URL's path: 200 and `probe()` as JSON once it answers, else 503."""
+    parsed = urllib.parse.urlsplit(url)
+    path = parsed.path or "/"
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            found = probe() if self.path == path else None
+            code = 404 if self.path != path else 200 if found is not None else 503
+            data = json.dumps(found or {}).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # not a line per kubelet probe
+
+    server = ThreadingHTTPServer((parsed.hostname or "0.0.0.0", parsed.port or 80), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="liveness", daemon=True).start()
+    return server
 
 
 def identity() -> str:
-    """This replica's name among peers: the pod's name (the chart's POD_ID), else host and pid.
-
-    kopf would otherwise ask `getpass.getuser()`, which fails in an image that runs as a uid
-    with no passwd entry (the operator image runs as 65532)."""
+    """This replica's name among peers: the pod's name (the chart's POD_ID), else host and pid."""
     return os.environ.get("POD_ID") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+async def serve(controller: Controller, api: apiserver.Api, cluster: kube.KubeCluster) -> None:
+    """Watches, works (while this replica leads) and answers probes until SIGTERM or SIGINT."""
+    options = controller.options
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    watches = informers(api, controller, cluster, loop)
+    cluster.pods_watched = lambda: all(i.synced.is_set() for i in watches["pods"])
+    leader = None
+    if options.peering is not None:
+        leader = lease.Leader(
+            api, namespace=lease.own_namespace(), name=options.peering, identity=identity()
+        )
+        controller.leading = leader.leading
+        leader.start()
+    for watch in (w for ws in watches.values() for w in ws):
+        watch.start()
+
+    def probe() -> dict[str, int] | None:
+        if not all(w.synced.is_set() for w in watches["jobs"]):
+            return None
+        return {"jobs": len(controller.states), "queued": len(controller.queue)}
+
+    health = serve_liveness(options.liveness, probe) if options.liveness else None
+    controller.start()
+    log.info(
+        "jaxps operator: watching %s with %d workers%s",
+        ", ".join(options.namespaces) or "every namespace",
+        options.workers,
+        f", as {identity()} among the replicas of Lease {options.peering}" if leader else "",
+    )
+    await stopping.wait()
+    log.info("jaxps operator: stopping")
+    if health is not None:
+        health.shutdown()
+    for watch in (w for ws in watches.values() for w in ws):
+        watch.stop()
+    if leader is not None:
+        await asyncio.to_thread(leader.stop)
+    await controller.stop()
 
 
 def run(options: Options) -> None:
     """Runs the operator until SIGTERM or SIGINT."""
-    kube.load_config()
+    logging.basicConfig(
+        level=logging.INFO, format="[%(asctime)s] %(name)-20s [%(levelname)-8s] %(message)s"
+    )
+    api = apiserver.Api.from_environment()
     schema.compile_rules()  # now, not in the first job's pass
     metrics = Metrics()
+    cluster = kube.KubeCluster(api, network_policies=options.network_policy)
     controller = Controller(
         options=options,
         reconciler=Reconciler(
-            cluster=kube.KubeCluster(network_policies=options.network_policy),
+            cluster=cluster,
             metrics=metrics,
             progress_interval=options.progress_interval,
             image=options.image,
             network_policy=options.network_policy,
-            workloads=kueue_api.KubeWorkloads() if options.kueue else None,
+            workloads=kueue_api.KubeWorkloads(api) if options.kueue else None,
         ),
         metrics=metrics,
     )
     if options.metrics_port is not None:
         start_http_server(options.metrics_port, registry=metrics.registry)
-    kopf.configure(log_format=kopf.LogFormat.FULL, verbose=False)
-    logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # not a line per watch event
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # nor per kubelet probe
-    kopf.run(
-        registry=registry(controller),
-        identity=identity(),  # type: ignore[arg-type]
-        standalone=options.peering is None,
-        peering_name=options.peering,
-        priority=options.priority,
-        liveness_endpoint=options.liveness,
-        namespaces=options.namespaces,
-        clusterwide=not options.namespaces,
-    )
+    asyncio.run(serve(controller, api, cluster))

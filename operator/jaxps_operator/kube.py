@@ -1,79 +1,69 @@
-"""The Kubernetes adapter of the `Cluster` port: the API server, through the official client.
+"""The Kubernetes adapter of the `Cluster` port: the API server, through `apiserver.Api`.
 
 Every call here blocks on the network, so the controller only makes them from worker threads,
-never on kopf's event loop. Creating an object that already exists (409) and deleting one that
+never on its event loop. Creating an object that already exists (409) and deleting one that
 is gone (404) count as success: children have deterministic names and a pass may be repeated.
 A task's progress is read from its pod IP and its container port named `metrics`; its final
 summary is its container's termination message.
+
+A pass reads a job's pods from what the pod watch fed (`pod_seen`), not with a LIST of its own
+(a LIST per pass was most of the operator's CPU, and of its latency from a pod's phase to the
+job's status). The pods a pass created or deleted are seen by the next pass at once, before
+their watch events come: a created pod as the API server answered it, a deleted one as
+deleting. An older event never replaces a newer one (resourceVersions), and a pod whose
+deletion was seen is not brought back by a late event. Until the pod watch has listed once,
+passes LIST.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-
 from jaxps_operator import builders, capacity, issuer, progress
+from jaxps_operator.apiserver import Api, ApiError, message_of
 from jaxps_operator.conditions import Event, parse_time
 from jaxps_operator.objects import PodState
 from jaxps_operator.reconcile import Children, ConflictError
 
 __all__ = [
-    "ApiException",
+    "ApiError",
     "ConflictError",
     "KubeCluster",
-    "load_config",
     "message",
     "pod_state",
+    "slim_pod",
     "waiting",
 ]
 
 GROUP, VERSION, PLURAL, KIND = "jaxps.dev", "v1alpha1", "trainingjobs", "TrainingJob"
+JOBS = f"/apis/{GROUP}/{VERSION}"
 COMPONENT = "jaxps-operator"
 
-
-# Connections kept open to the API server, per client: at least as many as threads may call it
-# at once (4 passes, their creates and reads). The client's default (5 per core) is fewer, and
-# urllib3 closes what does not fit: most calls then paid a new TLS handshake, which took half
-# of the operator's CPU and more of the API server's while 100 jobs were created.
-CONNECTIONS = 32
 # A job's Secret, NetworkPolicy and Service, once read as there, are not read again for this
 # long (a pass per pod event read them all each time): one deleted by hand is made again
 # within KEPT_FOR seconds and the job's next pass.
 KEPT_FOR = 30.0
 KEPT_MAX = 10_000
+GONE_MAX = 10_000  # pods whose deletion is remembered (against late events)
 
 
-def load_config() -> None:
-    """In a pod: its service account; elsewhere: $KUBECONFIG or ~/.kube/config."""
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    else:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
-    configuration = client.Configuration.get_default_copy()
-    configuration.connection_pool_maxsize = CONNECTIONS
-    client.Configuration.set_default(configuration)
-
-
-def message(err: ApiException) -> str:
+def message(err: ApiError) -> str:
     """The apiserver's own words for a refused request."""
+    return message_of(err.body) or str(err.reason)
+
+
+def _version(obj: Mapping[str, Any]) -> int | None:
     try:
-        return str(json.loads(err.body or "")["message"])
-    except (TypeError, ValueError, KeyError):
-        return str(err.reason)
-
-
-def _json(response: Any) -> Any:
-    return json.loads(response.data)  # read to its end, so the connection goes back to the pool
+        return int((obj.get("metadata") or {})["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _newer(job: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:
@@ -83,18 +73,14 @@ def _newer(job: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:
         return True
     if (job.get("metadata") or {}).get("uid") != than["metadata"].get("uid"):
         return True
-    try:
-        return int(job["metadata"]["resourceVersion"]) > int(than["metadata"]["resourceVersion"])
-    except (KeyError, TypeError, ValueError):
-        return True
+    new, old = _version(job), _version(than)
+    return new is None or old is None or new > old
 
 
-def released(response: Any) -> None:
-    """Reads an answer (`_preload_content=False`) whose body is not wanted to its end, and
-    gives its connection back to the pool: one left unread is never reused, and the next
-    call pays a new TLS handshake."""
-    response.drain_conn()
-    response.release_conn()
+def namespaced(namespace: str, plural: str, name: str = "", *, group: str = "") -> str:
+    """The path of a namespaced collection or object: core when `group` is '' (v1)."""
+    base = f"/apis/{group}" if group else "/api/v1"
+    return f"{base}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
 
 
 # A container waits for these on its normal way to running; any other waiting reason
@@ -165,36 +151,75 @@ def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
     )
 
 
+def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What `pod_state` reads of a pod, and no more (a pod kept whole is ten times larger)."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    main = containers[0]
+    return {
+        "metadata": {
+            k: meta[k]
+            for k in (
+                "name",
+                "namespace",
+                "uid",
+                "labels",
+                "resourceVersion",
+                "deletionTimestamp",
+                "creationTimestamp",
+            )
+            if k in meta
+        }
+        | {"ownerReferences": [{"uid": r.get("uid")} for r in meta.get("ownerReferences") or []]},
+        "spec": {
+            "containers": [
+                {k: main[k] for k in ("name", "ports", "resources") if k in main},
+            ]
+        },
+        "status": {
+            k: status[k]
+            for k in ("phase", "podIP", "reason", "conditions", "containerStatuses")
+            if k in status
+        },
+    }
+
+
 class KubeCluster:
-    """The `Cluster` of the API server the client is configured for. Thread-safe."""
+    """The `Cluster` of one API server. Thread-safe."""
 
     def __init__(
-        self, api_client: client.ApiClient | None = None, *, network_policies: bool = True
+        self,
+        api: Api | None = None,
+        *,
+        network_policies: bool = True,
+        pods_watched: Callable[[], bool] = lambda: False,
     ) -> None:
-        """`network_policies`: whether jobs get one (else they are never read: no RBAC)."""
+        """`network_policies`: whether jobs get one (else they are never read: no RBAC).
+        `pods_watched()`: whether `pod_seen` has been fed every pod (the watch has listed)."""
         self.network_policies = network_policies
-        self.client = api_client or client.ApiClient()
-        self.core = client.CoreV1Api(self.client)
-        self.custom = client.CustomObjectsApi(self.client)
-        self.networking = client.NetworkingV1Api(self.client)
+        self._api = api
+        self.pods_watched = pods_watched
         self.reads = ThreadPoolExecutor(4, thread_name_prefix="jaxps-read")
         # (namespace, name, uid) -> (until, the Secret's keys): see `_kept`
         self._known: dict[tuple[str, str, str], tuple[float, list[str]]] = {}
         self._lock = threading.Lock()
-        self._pods_ahead: dict[tuple[str, str], Future[list[dict[str, Any]]]] = {}
         self._jobs: dict[tuple[str, str], dict[str, Any]] = {}  # see `seen`
+        # (namespace, job) -> pod name -> the pod, slimmed: see `pod_seen`
+        self._pods: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+        self._gone: dict[tuple[str, str], int] = {}  # (namespace, pod) -> version deleted at
+
+    @property
+    def api(self) -> Api:
+        if self._api is None:
+            self._api = Api.from_environment()
+        return self._api
 
     # --- the port -----------------------------------------------------------------------------
 
     def children(self, job: Mapping[str, Any]) -> Children:
         meta = job["metadata"]
         namespace = meta["namespace"]
-        with self._lock:
-            pods = self._pods_ahead.pop((namespace, meta["name"]), None)
-        if pods is None:
-            pods = self.reads.submit(
-                self.list_pods, namespace, f"{builders.LABEL_JOB}={meta['name']}"
-            )
         keys = self._kept(meta)
         if keys is None:  # read what is not known to exist: the Secret, NetworkPolicy, Service
             secret = self.reads.submit(self._secret_keys, namespace, builders.secret_name(job))
@@ -202,7 +227,9 @@ class KubeCluster:
                 lambda: (
                     not self.network_policies
                     or self._exists(
-                        self.networking.read_namespaced_network_policy, namespace, meta["name"]
+                        namespaced(
+                            namespace, "networkpolicies", meta["name"], group="networking.k8s.io/v1"
+                        )
                     )
                 )
             )
@@ -213,7 +240,10 @@ class KubeCluster:
             network_policy = policy.result()
         else:
             service = network_policy = True
-        states = [s for p in pods.result() if (s := pod_state(p, meta.get("uid", ""))) is not None]
+        uid = meta.get("uid", "")
+        states = [
+            s for p in self.pods(namespace, meta["name"]) if (s := pod_state(p, uid)) is not None
+        ]
         return Children(
             pods=states,
             service=service,
@@ -221,6 +251,51 @@ class KubeCluster:
             network_policy=network_policy,
             issued_workers=capacity.issued_workers(keys, job) if keys is not None else None,
         )
+
+    def pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """The job's pods as watched; listed while the watch has not listed yet."""
+        if self.pods_watched():
+            with self._lock:
+                return list(self._pods.get((namespace, job), {}).values())
+        return self.list_pods(namespace, f"{builders.LABEL_JOB}={job}")
+
+    def pod_seen(self, type_: str, pod: Mapping[str, Any]) -> None:
+        """A watch event of a job's pod (or a pod this operator created): kept, slimmed,
+        unless what is kept is newer or the pod's deletion was seen."""
+        meta = pod.get("metadata") or {}
+        job = (meta.get("labels") or {}).get(builders.LABEL_JOB)
+        name, namespace = meta.get("name"), meta.get("namespace", "")
+        if not job or not name:
+            return
+        version = _version(pod)
+        with self._lock:
+            pods = self._pods.setdefault((namespace, job), {})
+            if type_ == "DELETED":
+                old = pods.pop(name, None)
+                if not pods:
+                    del self._pods[namespace, job]
+                if len(self._gone) >= GONE_MAX:
+                    self._gone.clear()
+                at = version if version is not None else (_version(old) if old else None)
+                if at is not None:
+                    self._gone[namespace, name] = at
+                return
+            gone = self._gone.get((namespace, name))
+            if gone is not None and version is not None and version <= gone:
+                if not pods:
+                    del self._pods[namespace, job]
+                return
+            old = pods.get(name)
+            if old is None or _newer(pod, old):
+                pods[name] = slim_pod(pod)
+
+    def _deleting(self, namespace: str, name: str, job: str) -> None:
+        """A pod this operator deleted: kept as deleting until its watch says it is gone."""
+        with self._lock:
+            pod = (self._pods.get((namespace, job)) or {}).get(name)
+            if pod is not None and not pod["metadata"].get("deletionTimestamp"):
+                stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                pod["metadata"] = {**pod["metadata"], "deletionTimestamp": stamp}
 
     def _kept(self, meta: Mapping[str, Any]) -> list[str] | None:
         """The keys of the job's Secret, when it, the NetworkPolicy and the Service were all
@@ -245,8 +320,8 @@ class KubeCluster:
     def _secret_keys(self, namespace: str, name: str) -> list[str] | None:
         """The keys of the job's Secret of credentials (what was issued), or None without."""
         try:
-            found = _json(self.core.read_namespaced_secret(name, namespace, _preload_content=False))
-        except ApiException as err:
+            found = self.api.call("GET", namespaced(namespace, "secrets", name))
+        except ApiError as err:
             if err.status == 404:
                 return None
             raise
@@ -255,11 +330,10 @@ class KubeCluster:
     def credentials(self, job: Mapping[str, Any], network: builders.Network) -> dict[str, bytes]:
         return issuer.issue(job, network)
 
-    @staticmethod
-    def _exists(read: Any, namespace: str, name: str) -> bool:
+    def _exists(self, path: str) -> bool:
         try:
-            released(read(name, namespace, _preload_content=False))
-        except ApiException as err:
+            self.api.call("GET", path)
+        except ApiError as err:
             if err.status == 404:
                 return False
             raise
@@ -288,37 +362,29 @@ class KubeCluster:
                 self._jobs[key] = dict(job)
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The job as last seen (watched, or as its status was written), else read; its pods
-        are read beside it for the pass's `children`."""
-        ahead = self.reads.submit(self.list_pods, namespace, f"{builders.LABEL_JOB}={name}")
-        with self._lock:  # a key's passes never overlap: this one's `children` takes it
-            self._pods_ahead[namespace, name] = ahead
+        """The job as last seen (watched, or as its status was written), else read."""
+        with self._lock:
             job: dict[str, Any] | None = self._jobs.get((namespace, name))
+        if job is not None:
+            return job
         try:
-            if job is None:
-                job = _json(
-                    self.custom.get_namespaced_custom_object(
-                        GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
-                    )
-                )
-        except ApiException as err:
+            found: dict[str, Any] = self.api.call(
+                "GET", namespaced(namespace, PLURAL, name, group=f"{GROUP}/{VERSION}")
+            )
+        except ApiError as err:
             if err.status != 404:
                 raise
-        finally:
-            if job is None or job["metadata"].get("deletionTimestamp"):  # no pass follows
-                with self._lock:
-                    self._pods_ahead.pop((namespace, name), None)
-        return job
+            return None
+        return found
 
     def replace_job_status(self, job: Mapping[str, Any]) -> None:
         """Writes `job`'s status, guarded by its resourceVersion (409 -> `ConflictError`)."""
         meta = job["metadata"]
         key = (meta["namespace"], meta["name"])
+        path = namespaced(meta["namespace"], PLURAL, meta["name"], group=f"{GROUP}/{VERSION}")
         try:
-            written = self.custom.replace_namespaced_custom_object_status(
-                GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], dict(job)
-            )
-        except ApiException as err:
+            written = self.api.call("PUT", f"{path}/status", body=dict(job))
+        except ApiError as err:
             with self._lock:  # the pass is repeated: on the job as the API server has it
                 self._jobs.pop(key, None)
             if err.status == 409:
@@ -337,59 +403,57 @@ class KubeCluster:
         with self._lock:  # what follows reads it from the API server: deleting, or gone
             self._jobs.pop((meta["namespace"], meta["name"]), None)
         try:
-            self.custom.delete_namespaced_custom_object(
-                GROUP,
-                VERSION,
-                meta["namespace"],
-                PLURAL,
-                meta["name"],
-                propagation_policy="Background",
+            self.api.call(
+                "DELETE",
+                namespaced(meta["namespace"], PLURAL, meta["name"], group=f"{GROUP}/{VERSION}"),
+                body={"propagationPolicy": "Background"},
             )
-        except ApiException as err:
+        except ApiError as err:
             if err.status != 404:
                 raise
 
     # --- children -----------------------------------------------------------------------------
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = _json(
-            self.core.list_namespaced_pod(
-                namespace, label_selector=selector, _preload_content=False
-            )
-        )["items"]
+        found = self.api.call(
+            "GET", namespaced(namespace, "pods"), query={"labelSelector": selector}
+        )
+        items: list[dict[str, Any]] = found.get("items") or []
         return items
 
     def service_exists(self, namespace: str, name: str) -> bool:
-        return self._exists(self.core.read_namespaced_service, namespace, name)
+        return self._exists(namespaced(namespace, "services", name))
 
     def create(self, job: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
         """Creates a Pod, the Service, Secret or NetworkPolicy in the job's namespace; False
         when it already exists."""
         namespace = job["metadata"]["namespace"]
-        create: Any = {
-            "Pod": self.core.create_namespaced_pod,
-            "Service": self.core.create_namespaced_service,
-            "Secret": self.core.create_namespaced_secret,
-            "NetworkPolicy": self.networking.create_namespaced_network_policy,
+        path = {
+            "Pod": namespaced(namespace, "pods"),
+            "Service": namespaced(namespace, "services"),
+            "Secret": namespaced(namespace, "secrets"),
+            "NetworkPolicy": namespaced(namespace, "networkpolicies", group="networking.k8s.io/v1"),
         }[manifest["kind"]]
-        body: Any = dict(manifest)  # the client takes plain dicts as well as its models
         try:
-            released(create(namespace, body, _preload_content=False))
-        except ApiException as err:
+            made = self.api.call("POST", path, body=dict(manifest))
+        except ApiError as err:
             if err.status == 409:
                 return False
             raise
+        if manifest["kind"] == "Pod" and isinstance(made, dict):
+            self.pod_seen("ADDED", made)  # the next pass sees it before its watch event
         return True
 
     def delete_pod(self, job: Mapping[str, Any], name: str) -> bool:
         """Deletes a pod; False when it was already gone."""
         namespace = job["metadata"]["namespace"]
         try:
-            released(self.core.delete_namespaced_pod(name, namespace, _preload_content=False))
-        except ApiException as err:
+            self.api.call("DELETE", namespaced(namespace, "pods", name))
+        except ApiError as err:
             if err.status == 404:
                 return False
             raise
+        self._deleting(namespace, name, job["metadata"]["name"])
         return True
 
     # --- events -------------------------------------------------------------------------------
@@ -399,7 +463,7 @@ class KubeCluster:
         meta = job["metadata"]
         type_, reason, message = event.type, event.reason, event.message
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body: Any = {
+        body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
@@ -424,4 +488,4 @@ class KubeCluster:
             "lastTimestamp": now,
             "count": 1,
         }
-        released(self.core.create_namespaced_event(meta["namespace"], body, _preload_content=False))
+        self.api.call("POST", namespaced(meta["namespace"], "events"), body=body)

@@ -1,4 +1,4 @@
-"""Kueue's API on the API server: the `reconcile.Workloads` port, through the official client.
+"""Kueue's API on the API server: the `reconcile.Workloads` port, through `apiserver.Api`.
 
 Only `kueue.x-k8s.io/v1beta2`, the stored version: v1beta1 requests need Kueue's conversion
 webhook and fail while Kueue is down (research/kueue.md, section 0). Writes send the whole
@@ -10,39 +10,30 @@ fails and the work queue tries again with backoff.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
 from jaxps_operator import builders, kueue
-from jaxps_operator.kube import released
+from jaxps_operator.apiserver import Api, ApiError
+from jaxps_operator.kube import namespaced
 from jaxps_operator.reconcile import ConflictError
 
 PLURAL = "workloads"
 CRD = f"{PLURAL}.{kueue.GROUP}"
-
-
-def _json(response: Any) -> Any:
-    return json.loads(response.data)
+API = f"{kueue.GROUP}/{kueue.VERSION}"
 
 
 class KubeWorkloads:
-    """`reconcile.Workloads` on the API server the client is configured for. Thread-safe."""
+    """`reconcile.Workloads` on one API server. Thread-safe."""
 
-    def __init__(self, api_client: client.ApiClient | None = None) -> None:
-        self.client = api_client or client.ApiClient()
-        self.custom = client.CustomObjectsApi(self.client)
-        self.scheduling = client.SchedulingV1Api(self.client)
-        self.extensions = client.ApiextensionsV1Api(self.client)
+    def __init__(self, api: Api) -> None:
+        self.api = api
 
     def _missing_api(self) -> bool:
         """Whether Kueue's Workload CRD is absent (a 404 then means no API, not no object)."""
         try:
-            released(self.extensions.read_custom_resource_definition(CRD, _preload_content=False))
-        except ApiException as err:
+            self.api.call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD}")
+        except ApiError as err:
             if err.status == 404:
                 return True
             raise
@@ -51,17 +42,10 @@ class KubeWorkloads:
     def get(self, job: Mapping[str, Any]) -> dict[str, Any] | None:
         namespace = job["metadata"]["namespace"]
         try:
-            wl: dict[str, Any] = _json(
-                self.custom.get_namespaced_custom_object(
-                    kueue.GROUP,
-                    kueue.VERSION,
-                    namespace,
-                    PLURAL,
-                    kueue.workload_name(job),
-                    _preload_content=False,
-                )
+            wl: dict[str, Any] = self.api.call(
+                "GET", namespaced(namespace, PLURAL, kueue.workload_name(job), group=API)
             )
-        except ApiException as err:
+        except ApiError as err:
             if err.status != 404:
                 raise
             if self._missing_api():
@@ -75,18 +59,10 @@ class KubeWorkloads:
     def priority(self, group: str, kind: str, name: str) -> int | None:
         try:
             if kind == kueue.WORKLOAD_PRIORITY[1]:
-                found = _json(
-                    self.custom.get_cluster_custom_object(
-                        kueue.GROUP,
-                        kueue.VERSION,
-                        "workloadpriorityclasses",
-                        name,
-                        _preload_content=False,
-                    )
-                )
+                found = self.api.call("GET", f"/apis/{API}/workloadpriorityclasses/{name}")
             else:
-                found = _json(self.scheduling.read_priority_class(name, _preload_content=False))
-        except ApiException as err:
+                found = self.api.call("GET", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+        except ApiError as err:
             if err.status == 404:
                 return None
             raise
@@ -96,16 +72,8 @@ class KubeWorkloads:
         out: dict[str, dict[str, Any]] = {}
         for name in sorted(set(names)):
             try:
-                flavor = _json(
-                    self.custom.get_cluster_custom_object(
-                        kueue.GROUP,
-                        kueue.VERSION,
-                        "resourceflavors",
-                        name,
-                        _preload_content=False,
-                    )
-                )
-            except ApiException as err:
+                flavor = self.api.call("GET", f"/apis/{API}/resourceflavors/{name}")
+            except ApiError as err:
                 if err.status == 404:
                     continue
                 raise
@@ -114,17 +82,12 @@ class KubeWorkloads:
 
     def orphans(self, namespace: str, name: str) -> list[dict[str, Any]]:
         try:
-            found = _json(
-                self.custom.list_namespaced_custom_object(
-                    kueue.GROUP,
-                    kueue.VERSION,
-                    namespace,
-                    PLURAL,
-                    label_selector=f"{builders.LABEL_JOB}={name}",
-                    _preload_content=False,
-                )
+            found = self.api.call(
+                "GET",
+                namespaced(namespace, PLURAL, group=API),
+                query={"labelSelector": f"{builders.LABEL_JOB}={name}"},
             )
-        except ApiException as err:
+        except ApiError as err:
             if err.status == 404:  # no Kueue: no Workloads
                 return []
             raise
@@ -138,38 +101,23 @@ class KubeWorkloads:
         body = action.body
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        args = (kueue.GROUP, kueue.VERSION, namespace, PLURAL)
+        collection = namespaced(namespace, PLURAL, group=API)
         try:
             if action.verb == "create":
-                released(
-                    self.custom.create_namespaced_custom_object(*args, body, _preload_content=False)
-                )
+                self.api.call("POST", collection, body=body)
             elif action.verb == "update":
-                released(
-                    self.custom.replace_namespaced_custom_object(
-                        *args, name, body, _preload_content=False
-                    )
-                )
+                self.api.call("PUT", f"{collection}/{name}", body=body)
             elif action.verb == "status":
-                released(
-                    self.custom.replace_namespaced_custom_object_status(
-                        *args, name, body, _preload_content=False
-                    )
-                )
+                self.api.call("PUT", f"{collection}/{name}/status", body=body)
             elif action.verb == "delete":
-                released(
-                    self.custom.delete_namespaced_custom_object(
-                        *args,
-                        name,
-                        body=client.V1DeleteOptions(
-                            preconditions=client.V1Preconditions(uid=meta.get("uid"))
-                        ),
-                        _preload_content=False,
-                    )
+                self.api.call(
+                    "DELETE",
+                    f"{collection}/{name}",
+                    body={"preconditions": {"uid": meta.get("uid")}},
                 )
             else:
                 raise ValueError(f"unknown Workload action {action.verb!r}")
-        except ApiException as err:
+        except ApiError as err:
             if err.status == 409:
                 if action.verb == "create":
                     return  # made by an earlier pass: read on the next

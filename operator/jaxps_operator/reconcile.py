@@ -6,7 +6,7 @@
     if it has none -> the chief's metrics -> planner.plan(...) -> one status write, only if it
     changed -> delete, then create -> Events -> delete the job once its TTL is over
 
-The operator runs it behind kopf's watches and its work queue (`controller`), one pass per job
+The operator runs it behind its watches and its work queue (`controller`), one pass per job
 at a time in a worker thread; `jaxps local` runs it in a loop (`local`). Level-based: a pass
 may be repeated, or cut short by a conflict, at any point. The status goes out before the
 pods are touched: a pass cut short by a conflict has then replaced nothing, so the next one

@@ -49,13 +49,13 @@ def test_the_default_render_is_accepted_by_the_apiserver(crd: Cluster) -> None:
     assert container["args"][0] == "operator"
     assert not any(a.startswith("--namespace") for a in container["args"])
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    # ready once kopf runs; kopf's identity from the pod's name (no passwd entry needed)
+    # ready once the jobs are listed; the Lease's identity from the pod's name
     assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["env"][0]["name"] == "POD_ID"
     assert "--runtime-image=ghcr.io/jaxps/runtime:0.1.0" in container["args"]
 
 
-def test_watched_namespaces_get_roles_and_replicas_get_peering(crd: Cluster) -> None:
+def test_watched_namespaces_get_roles_and_replicas_get_a_lease(crd: Cluster) -> None:
     rendered = helm(
         "template",
         "jaxps",
@@ -70,13 +70,16 @@ def test_watched_namespaces_get_roles_and_replicas_get_peering(crd: Cluster) -> 
     found = kinds(rendered)
     assert ("Role", "team-a") in found
     assert ("RoleBinding", "team-b") in found
-    assert ("KopfPeering", "team-a") in found
-    assert sum(1 for kind, _ in found if kind == "CustomResourceDefinition") == 2
+    assert ("Role", "ops") in found
+    assert ("RoleBinding", "ops") in found
+    assert not any(kind == "CustomResourceDefinition" for kind, _ in found)
     deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args
     assert "--peering=jaxps" in args
-    assert "--priority=random" in args
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    assert env == {"POD_ID": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
     # the namespaced objects (roles) are valid for the apiserver too
     roles = "\n---\n".join(
         yaml.safe_dump(d)

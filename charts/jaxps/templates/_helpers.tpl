@@ -60,9 +60,4 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   resources: [networkpolicies]
   verbs: [get, create]
 {{- end }}
-{{- if gt (int .Values.replicas) 1 }}
-- apiGroups: [kopf.dev]
-  resources: [kopfpeerings]
-  verbs: [get, list, watch, patch]
-{{- end }}
 {{- end -}}
