@@ -406,7 +406,11 @@ class KubeCluster:
             self.api.call(
                 "DELETE",
                 namespaced(meta["namespace"], PLURAL, meta["name"], group=f"{GROUP}/{VERSION}"),
-                body={"propagationPolicy": "Background"},
+                body={
+                    "kind": "DeleteOptions",
+                    "apiVersion": "v1",
+                    "propagationPolicy": "Background",
+                },
             )
         except ApiError as err:
             if err.status != 404:

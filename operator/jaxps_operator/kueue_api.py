@@ -113,7 +113,11 @@ class KubeWorkloads:
                 self.api.call(
                     "DELETE",
                     f"{collection}/{name}",
-                    body={"preconditions": {"uid": meta.get("uid")}},
+                    body={
+                        "kind": "DeleteOptions",
+                        "apiVersion": "v1",
+                        "preconditions": {"uid": meta.get("uid")},
+                    },
                 )
             else:
                 raise ValueError(f"unknown Workload action {action.verb!r}")

@@ -127,19 +127,22 @@ def crd(cluster: Cluster) -> Cluster:
 
 @dataclass
 class Operator:
-    """`jaxps operator` as a process, watching every namespace."""
+    """`jaxps operator` as a process, watching every namespace unless `args` say otherwise."""
 
     kubeconfig: Path
     log: Path
     metrics_port: int = field(default_factory=free_port)
     liveness_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> None:
         env = {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
             "PYTHONPATH": f"{ROOT / 'runtime'}:{ROOT / 'operator'}",
+            **self.env,
         }
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
@@ -154,6 +157,7 @@ class Operator:
                     str(self.metrics_port),
                     "--liveness",
                     f"http://127.0.0.1:{self.liveness_port}/healthz",
+                    *self.args,
                 ],
                 env=env,
                 stdout=log,
