@@ -1,6 +1,6 @@
 """The operator's speed against a real control plane: one JSON object per measurement.
 
-    python bench/operator.py [--baseline kubeflow] [--jobs 1 100] [--flips 21]
+    python bench/operator.py [--baseline kubeflow] [--jobs 1 100] [--flips 21] [--py-spy PATH]
 
 Starts its own control plane (hack/cluster.py, built by `make control-plane`), installs the CRD
 and runs `jaxps operator` as a process. Every case is measured for each party in the same run
@@ -26,6 +26,10 @@ Cases:
   with every other controller).
 
 `ratio` = baseline / jaxps: above 1, jaxps does better.
+
+With `--py-spy PATH` (py-spy is no dependency: `pip install --target DIR py-spy`) the jaxps
+operator is sampled for the whole run (without pausing it) and where its CPU went is printed
+on stderr: its share per library and per module of ours, and the functions that used most.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -338,6 +343,65 @@ def usage(pid: int) -> tuple[float, float, float]:
     )
 
 
+# Where a sampled frame's time goes, by the file of the innermost frame (first match wins).
+PLACES = (
+    ("kopf", "kopf"),
+    ("aiohttp", "aiohttp"),
+    ("kubernetes/", "kubernetes client"),
+    ("urllib3", "urllib3"),
+    ("cryptography", "cryptography (certificates)"),
+    ("celpy", "celpy and lark (CEL rules)"),
+    ("lark", "celpy and lark (CEL rules)"),
+    ("selectors.py", "waiting (select)"),
+    ("/json/", "json"),
+    ("ssl.py", "ssl and sockets"),
+    ("socket.py", "ssl and sockets"),
+    ("http/client.py", "http.client"),
+    ("jaxps_operator/", "jaxps_operator"),
+    ("prometheus_client", "prometheus_client"),
+    ("asyncio/", "asyncio"),
+    ("threading.py", "threads"),
+    ("concurrent/", "threads"),
+    ("queue.py", "threads"),
+    ("logging/", "logging"),
+)
+
+
+def place(frame: str) -> str:
+    """`func (path:line)` -> what it belongs to; our modules by name."""
+    path = frame[frame.rfind("(") + 1 :]
+    for needle, name in PLACES:
+        if needle in path:
+            if name == "jaxps_operator":
+                return "jaxps_operator." + path.split("jaxps_operator/")[1].split(".py")[0]
+            return name
+    return "other"
+
+
+def profile_summary(raw: Path, top: int = 12) -> str:
+    """py-spy's raw (collapsed) stacks: the share of samples per place and per function."""
+    places: Counter[str] = Counter()
+    functions: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        # the innermost frame of a place named (typing's or functools' go to their caller)
+        leaf = next((f for f in reversed(frames) if place(f) != "other"), frames[-1])
+        places[place(leaf)] += int(count)
+        functions[leaf.split(" (")[0] + " " + place(leaf)] += int(count)
+        total += int(count)
+    if not total:
+        return "no samples"
+    lines = [f"{total} samples (100 a second, of the thread holding the GIL), by place:"]
+    lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in places.most_common(top)]
+    lines.append("by function:")
+    lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in functions.most_common(top)]
+    return "\n".join(lines)
+
+
 def p99(times: list[float]) -> float:
     return statistics.quantiles(times, n=100, method="inclusive")[98]
 
@@ -373,13 +437,15 @@ def ready(url: str) -> Callable[[], bool]:
 
 
 @contextmanager
-def process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def process(
+    argv: list[str], env: dict[str, str], log: Path, *, stop: int = signal.SIGTERM
+) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         yield proc
     finally:
-        proc.terminate()
+        proc.send_signal(stop)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -521,6 +587,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 100])
     parser.add_argument("--flips", type=int, default=21, help="pods flipped to Running")
     parser.add_argument("--repeats", type=int, default=3, help="runs of create-N for N < 10")
+    parser.add_argument("--py-spy", help="the py-spy executable: profile the jaxps operator")
     args = parser.parse_args()
     kubeflow = args.baseline == "kubeflow"
     if kubeflow:
@@ -547,8 +614,32 @@ def main() -> int:
         bench = Bench(kubeconfig)
         wait(bench.established, "the CRDs to be established")
         ns = bench.namespace("bench-jaxps")
+        ours = start_jaxps(stack, kubeconfig, tmp, ns)
+        if args.py_spy:
+            raw = tmp / "jaxps-operator.raw"
+            spy = stack.enter_context(
+                process(
+                    [
+                        args.py_spy,
+                        "record",
+                        "--pid",
+                        str(ours),
+                        "--rate",
+                        "100",
+                        "--nonblocking",
+                        "--gil",
+                        "--format",
+                        "raw",
+                        "--output",
+                        str(raw),
+                    ],
+                    dict(os.environ),
+                    tmp / "py-spy.log",
+                    stop=signal.SIGINT,  # py-spy writes its file on SIGINT
+                )
+            )
         parties = [
-            bench.jaxps(ns, start_jaxps(stack, kubeconfig, tmp, ns)),
+            bench.jaxps(ns, ours),
             bench.job_controller(bench.namespace("bench-job")),
         ]
         if kubeflow:
@@ -562,6 +653,10 @@ def main() -> int:
         for party in parties:
             party.pods = PodCounter(bench.core, party.namespace)
         measure(bench, parties, args)
+        if args.py_spy:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
+            print(f"where the jaxps operator's CPU went:\n{profile_summary(raw)}", file=sys.stderr)
     return 0
 
 

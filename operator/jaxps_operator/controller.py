@@ -53,7 +53,6 @@ from jaxps_operator import (
     kueue_api,
     lease,
     reconcile,
-    schema,
 )
 from jaxps_operator.conditions import STATES
 from jaxps_operator.workqueue import Key, WorkQueue
@@ -122,7 +121,8 @@ class Reconciler:
     image: str = builders.DEFAULT_IMAGE
     network_policy: bool = True
     workloads: reconcile.Workloads | None = None
-    validator: reconcile.Validator = field(default_factory=reconcile.Validator)
+    # the apiserver evaluated the CRD's CEL rules when it admitted the job
+    validator: reconcile.Validator = field(default_factory=lambda: reconcile.Validator(rules=False))
     pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(CHILD_CALLS, thread_name_prefix="jaxps-child")
     )
@@ -395,7 +395,6 @@ def run(options: Options) -> None:
         level=logging.INFO, format="[%(asctime)s] %(name)-20s [%(levelname)-8s] %(message)s"
     )
     api = apiserver.Api.from_environment()
-    schema.compile_rules()  # now, not in the first job's pass
     metrics = Metrics()
     cluster = kube.KubeCluster(api, network_policies=options.network_policy)
     controller = Controller(

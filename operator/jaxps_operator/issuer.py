@@ -28,13 +28,20 @@ def job_id(job: Mapping[str, Any]) -> str:
 
 def issue(job: Mapping[str, Any], network: builders.Network) -> dict[str, bytes]:
     ca = credentials.authority(job_id(job))
+    tasks = builders.tasks(job)
+    issued = credentials.issue_many(
+        ca,
+        [
+            (
+                credentials.Identity(job=job_id(job), role=role, index=index),
+                [network.addresses[role][index].rsplit(":", 1)[0]],
+            )
+            for role, index in tasks
+        ],
+    )
     files = {builders.CA_FILE: ca.cert}
-    for role, index in builders.tasks(job):
+    for (role, index), task in zip(tasks, issued, strict=True):
         name = builders.pod_name(job, role, index)
-        host = network.addresses[role][index].rsplit(":", 1)[0]
-        issued = credentials.issue(
-            ca, credentials.Identity(job=job_id(job), role=role, index=index), hosts=[host]
-        )
-        files[builders.cert_key(name)] = issued.cert
-        files[builders.key_key(name)] = issued.key
+        files[builders.cert_key(name)] = task.cert
+        files[builders.key_key(name)] = task.key
     return files

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-import celpy
 import yaml
 
 GROUP, VERSION, KIND, PLURAL = "jaxps.dev", "v1alpha1", "TrainingJob", "trainingjobs"
@@ -171,6 +170,8 @@ def _check(node: Any, schema: Mapping[str, Any], path: str, out: list[Problem]) 
 
 @functools.cache
 def _program(rule: str) -> Any:
+    import celpy  # noqa: PLC0415 (8 MB the operator, which runs no rule, never loads)
+
     env = celpy.Environment()
     return env.program(env.compile(rule))
 
@@ -200,6 +201,8 @@ _ABSENT = object()  # no old object at a path: a transition rule there is not ch
 
 
 def _evaluate(expression: str, activation: Mapping[str, Any]) -> Any:
+    import celpy  # noqa: PLC0415 (see `_program`)
+
     to_cel = celpy.json_to_cel  # type: ignore[attr-defined]
     return _program(expression).evaluate({k: to_cel(v) for k, v in activation.items()})
 
@@ -241,10 +244,13 @@ def _rules(
                 out.append(Problem(where, f"Invalid value: {_show(node)}: {message}"))
 
 
-def validate(manifest: Any, *, old: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def validate(
+    manifest: Any, *, old: Mapping[str, Any] | None = None, rules: bool = True
+) -> dict[str, Any]:
     """The manifest with the CRD's defaults applied; `InvalidManifestError` lists every problem.
     `old`: the stored job this manifest would replace (an update): the transition rules (a ps
-    count that changes) are checked against it, as the apiserver checks them."""
+    count that changes) are checked against it, as the apiserver checks them. `rules=False`:
+    the CEL rules are not evaluated (for an object the apiserver admitted under them)."""
     if not isinstance(manifest, Mapping):
         raise InvalidManifestError(
             [Problem("", f"expected a {KIND} object, got {_show(manifest)}")]
@@ -277,7 +283,7 @@ def validate(manifest: Any, *, old: Mapping[str, Any] | None = None) -> dict[str
     schema = openapi_schema()
     job: dict[str, Any] = _default(copy.deepcopy(dict(manifest)), schema)
     _check(job, schema, "", problems)
-    if not problems:  # CEL rules assume well-typed input, as the apiserver's do
+    if rules and not problems:  # CEL rules assume well-typed input, as the apiserver's do
         before = (
             _default(copy.deepcopy({k: v for k, v in old.items() if k != "status"}), schema)
             if old is not None

@@ -345,7 +345,7 @@ def test_the_validator_is_safe_from_many_threads_over_changing_generations(
 ) -> None:
     calls = 0
 
-    def counted(raw: Any) -> dict[str, Any]:
+    def counted(raw: Any, *, rules: bool = True) -> dict[str, Any]:
         nonlocal calls
         calls += 1
         return dict(raw)
@@ -466,3 +466,23 @@ def test_the_chiefs_metrics_reach_the_planner_and_a_stalled_step_fails_the_job()
     assert failed["reason"] == "Stalled"
     assert "has not moved from 7 for 120 s" in failed["message"]
     json.dumps(memory.job["status"], allow_nan=False)
+
+
+def test_the_operator_leaves_the_cel_rules_to_the_apiserver_and_jaxps_local_runs_them() -> None:
+    """A job breaking a CEL rule cannot reach the operator (the apiserver refused it), so the
+    operator does not evaluate them again; `jaxps local` has no apiserver and does. Types and
+    bounds are checked by both."""
+    from jaxps_operator import controller
+
+    operator = controller.Reconciler(cluster=Memory(manifest()), metrics=controller.Metrics())
+    two_chiefs = manifest()
+    two_chiefs["spec"]["replicaSpecs"]["chief"] = {"replicas": 2}  # rule: at most one chief
+    assert operator.validator.job(two_chiefs)["spec"]["replicaSpecs"]["chief"]["replicas"] == 2
+    with pytest.raises(schema.InvalidManifestError, match="chief"):
+        reconcile.Validator().job(two_chiefs)
+    mistyped = manifest()
+    mistyped["spec"]["replicaSpecs"]["worker"]["replicas"] = "two"
+    mistyped["metadata"]["generation"] = 2  # a new spec: validated again
+    for validator in (operator.validator, reconcile.Validator()):
+        with pytest.raises(schema.InvalidManifestError, match="must be of type integer"):
+            validator.job(mistyped)

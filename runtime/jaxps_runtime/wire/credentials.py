@@ -106,7 +106,11 @@ def split_host(address: str) -> str:
 def server_name(ca_cert: bytes, host: str) -> str:
     """The name a task's server certificate carries for `host`, and that its peers check: a
     hash of the job's CA certificate (PEM) and the host, which tells a stranger nothing."""
-    der = x509.load_pem_x509_certificate(ca_cert).public_bytes(serialization.Encoding.DER)
+    return _server_name(x509.load_pem_x509_certificate(ca_cert), host)
+
+
+def _server_name(ca_cert: x509.Certificate, host: str) -> str:
+    der = ca_cert.public_bytes(serialization.Encoding.DER)
     digest = hashlib.sha256(der + b"\0" + host.encode("utf-8")).hexdigest()[:32]
     return f"{digest}.{SERVER_DOMAIN}"
 
@@ -259,17 +263,14 @@ def authority(job: str) -> Authority:
 
 
 def _leaf(
-    ca: Authority,
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
     key: ec.EllipticCurvePrivateKey,
     *,
     common_name: str,
     names: Sequence[x509.GeneralName],
     usage: x509.ObjectIdentifier,
 ) -> bytes:
-    ca_cert = x509.load_pem_x509_certificate(ca.cert)
-    ca_key = serialization.load_pem_private_key(ca.key, password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise CredentialsError("the CA's key is not an ECDSA key")
     start, end = _window()
     cert = (
         x509.CertificateBuilder()
@@ -290,22 +291,38 @@ def _leaf(
 def issue(ca: Authority, identity: Identity, *, hosts: Sequence[str]) -> TaskCredentials:
     """The credentials of one task: a client certificate naming it, and a server certificate
     for `hosts` (the hosts its peers dial) that names nothing but `server_name` of each."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    client = _leaf(
-        ca,
-        key,
-        common_name="jaxps task",
-        names=[x509.UniformResourceIdentifier(identity.uri)],
-        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
-    )
-    server = _leaf(
-        ca,
-        key,
-        common_name="jaxps",
-        names=[x509.DNSName(server_name(ca.cert, h)) for h in dict.fromkeys(hosts)],
-        usage=ExtendedKeyUsageOID.SERVER_AUTH,
-    )
-    return TaskCredentials(ca=ca.cert, cert=client + server, key=_pem_key(key))
+    return issue_many(ca, [(identity, hosts)])[0]
+
+
+def issue_many(
+    ca: Authority, tasks: Sequence[tuple[Identity, Sequence[str]]]
+) -> list[TaskCredentials]:
+    """`issue` for each (identity, hosts), the CA read once (not twice a task)."""
+    ca_cert = x509.load_pem_x509_certificate(ca.cert)
+    ca_key = serialization.load_pem_private_key(ca.key, password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise CredentialsError("the CA's key is not an ECDSA key")
+    issued = []
+    for identity, hosts in tasks:
+        key = ec.generate_private_key(ec.SECP256R1())
+        client = _leaf(
+            ca_cert,
+            ca_key,
+            key,
+            common_name="jaxps task",
+            names=[x509.UniformResourceIdentifier(identity.uri)],
+            usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+        )
+        server = _leaf(
+            ca_cert,
+            ca_key,
+            key,
+            common_name="jaxps",
+            names=[x509.DNSName(_server_name(ca_cert, h)) for h in dict.fromkeys(hosts)],
+            usage=ExtendedKeyUsageOID.SERVER_AUTH,
+        )
+        issued.append(TaskCredentials(ca=ca.cert, cert=client + server, key=_pem_key(key)))
+    return issued
 
 
 def identity_of(cert_pem: bytes) -> Identity | None:
