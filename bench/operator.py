@@ -538,6 +538,9 @@ def measure(bench: Bench, parties: list[Party], args: argparse.Namespace) -> Non
                 lower_is_better=True,
             )
     flips = {p.name: bench.flips(p, args.flips) for p in parties}
+    for name, times in flips.items():  # the whole distribution, for whoever reads the tail
+        ms = ", ".join(f"{1000 * t:.0f}" for t in times)
+        print(f"phase-to-status of {name}, ms in order: {ms}", file=sys.stderr)
     for party in baselines:
         for statistic, of in (("median", statistics.median), ("p99", p99)):
             results.emit(

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import gc
 import json
 import logging
 import os
@@ -411,4 +412,8 @@ def run(options: Options) -> None:
     )
     if options.metrics_port is not None:
         start_http_server(options.metrics_port, registry=metrics.registry)
+    # What is loaded by now lives as long as the process: out of the collector's sight, so a
+    # full collection walks only what the watches and passes made (it walked every module's
+    # objects too, tens of milliseconds added to whichever pass it fell in).
+    gc.freeze()
     asyncio.run(serve(controller, api, cluster))
