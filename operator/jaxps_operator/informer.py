@@ -89,7 +89,7 @@ class Informer:
                 log.warning("watching %s: %s; again in %.1f s", self.path, err, pause)
                 self._stopped.wait(pause)
                 pause = min(pause * 2, BACKOFF[1])
-            except (OSError, ValueError) as err:  # broken, silent or garbled: list again
+            except Exception as err:  # broken, cut, silent or garbled: list again (never die)
                 log.warning("watching %s: %s; again in %.1f s", self.path, err, pause)
                 self._version = None
                 self._stopped.wait(pause)

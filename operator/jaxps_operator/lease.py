@@ -70,14 +70,14 @@ class Leader:
                     lease["spec"]["holderIdentity"] = ""
                     lease["spec"]["leaseDurationSeconds"] = 1
                     self.api.call("PUT", f"{self.path}/{self.name}", body=lease)
-            except (ApiError, OSError) as err:
+            except Exception as err:  # it expires by itself, DURATION seconds on
                 log.warning("handing back Lease %s: %s", self.name, err)
 
     def _run(self) -> None:
         while not self._stopped.is_set():
             try:
                 held = self._try()
-            except (ApiError, OSError) as err:
+            except Exception as err:  # the API's refusal, a broken connection: try again
                 log.warning("Lease %s: %s", self.name, err)
                 held = False
             if held:

@@ -211,16 +211,18 @@ def helm(*args: str) -> str:
     return done.stdout
 
 
+def release(*args: str) -> str:
+    """The chart rendered as release `jaxps` in RELEASE_NAMESPACE, with helm's `args`."""
+    return helm(
+        "template", "jaxps", str(ROOT / "charts" / "jaxps"), "--namespace", RELEASE_NAMESPACE, *args
+    )
+
+
 @pytest.fixture(scope="package")
 def operator_kubeconfig(crd: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A kubeconfig for the chart's ServiceAccount: the operator runs with the chart's RBAC."""
     crd.kubectl("create", "namespace", RELEASE_NAMESPACE, check=False)  # may exist (reused)
-    rendered = helm(
-        "template",
-        "jaxps",
-        str(ROOT / "charts" / "jaxps"),
-        "--namespace",
-        RELEASE_NAMESPACE,
+    rendered = release(
         "--show-only",
         "templates/serviceaccount.yaml",
         "--show-only",

@@ -17,11 +17,10 @@ import pytest
 
 from tests.cluster.harness import (
     RELEASE_NAMESPACE,
-    ROOT,
     Cluster,
     Jobs,
     Operator,
-    helm,
+    release,
     wait_for,
 )
 from tests.cluster.test_operator import mnist
@@ -53,17 +52,7 @@ def holder(cluster: Cluster) -> str:
 def replicas(
     crd: Cluster, operator_kubeconfig: Path, jobs: Jobs, tmp_path: Path
 ) -> Iterator[dict[str, Operator]]:
-    rendered = helm(
-        "template",
-        "jaxps",
-        str(ROOT / "charts" / "jaxps"),
-        "--namespace",
-        RELEASE_NAMESPACE,
-        "--set",
-        "replicas=2",
-        "--show-only",
-        "templates/leader.yaml",
-    )
+    rendered = release("--set", "replicas=2", "--show-only", "templates/leader.yaml")
     crd.kubectl("apply", "-f", "-", stdin=rendered)
     crd.kubectl("delete", "lease", LEASE, "--namespace", RELEASE_NAMESPACE, check=False)
     ops: dict[str, Operator] = {}
