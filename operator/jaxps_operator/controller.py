@@ -265,7 +265,7 @@ class Watched:
         return [f"{self.prefix}/{self.plural}"]
 
 
-JOBS = Watched(f"/apis/{kube.GROUP}/{kube.VERSION}", kube.PLURAL, None)
+JOBS = Watched(f"/apis/{kube.API}", kube.PLURAL, None)
 PODS = Watched("/api/v1", "pods", builders.LABEL_JOB)
 SERVICES = Watched("/api/v1", "services", builders.LABEL_JOB)
 WORKLOADS = Watched(f"/apis/{kueue.GROUP}/{kueue.VERSION}", kueue_api.PLURAL, builders.LABEL_JOB)

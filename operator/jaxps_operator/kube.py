@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 GROUP, VERSION, PLURAL, KIND = "jaxps.dev", "v1alpha1", "trainingjobs", "TrainingJob"
-JOBS = f"/apis/{GROUP}/{VERSION}"
+API = f"{GROUP}/{VERSION}"  # the TrainingJob API, as a path's group or an apiVersion
 COMPONENT = "jaxps-operator"
 
 # A job's Secret, NetworkPolicy and Service, once read as there, are not read again for this
@@ -268,12 +268,12 @@ class KubeCluster:
         if not job or not name:
             return
         version = _version(pod)
+        key = (namespace, job)
         with self._lock:
-            pods = self._pods.setdefault((namespace, job), {})
             if type_ == "DELETED":
-                old = pods.pop(name, None)
-                if not pods:
-                    del self._pods[namespace, job]
+                old = (self._pods.get(key) or {}).pop(name, None)
+                if key in self._pods and not self._pods[key]:
+                    del self._pods[key]
                 if len(self._gone) >= GONE_MAX:
                     self._gone.clear()
                 at = version if version is not None else (_version(old) if old else None)
@@ -282,11 +282,9 @@ class KubeCluster:
                 return
             gone = self._gone.get((namespace, name))
             if gone is not None and version is not None and version <= gone:
-                if not pods:
-                    del self._pods[namespace, job]
                 return
-            old = pods.get(name)
-            if old is None or _newer(pod, old):
+            pods = self._pods.setdefault(key, {})
+            if name not in pods or _newer(pod, pods[name]):
                 pods[name] = slim_pod(pod)
 
     def _deleting(self, namespace: str, name: str, job: str) -> None:
@@ -369,7 +367,7 @@ class KubeCluster:
             return job
         try:
             found: dict[str, Any] = self.api.call(
-                "GET", namespaced(namespace, PLURAL, name, group=f"{GROUP}/{VERSION}")
+                "GET", namespaced(namespace, PLURAL, name, group=API)
             )
         except ApiError as err:
             if err.status != 404:
@@ -381,7 +379,7 @@ class KubeCluster:
         """Writes `job`'s status, guarded by its resourceVersion (409 -> `ConflictError`)."""
         meta = job["metadata"]
         key = (meta["namespace"], meta["name"])
-        path = namespaced(meta["namespace"], PLURAL, meta["name"], group=f"{GROUP}/{VERSION}")
+        path = namespaced(meta["namespace"], PLURAL, meta["name"], group=API)
         try:
             written = self.api.call("PUT", f"{path}/status", body=dict(job))
         except ApiError as err:
@@ -405,7 +403,7 @@ class KubeCluster:
         try:
             self.api.call(
                 "DELETE",
-                namespaced(meta["namespace"], PLURAL, meta["name"], group=f"{GROUP}/{VERSION}"),
+                namespaced(meta["namespace"], PLURAL, meta["name"], group=API),
                 body={
                     "kind": "DeleteOptions",
                     "apiVersion": "v1",
@@ -475,7 +473,7 @@ class KubeCluster:
                 "namespace": meta["namespace"],
             },
             "involvedObject": {
-                "apiVersion": f"{GROUP}/{VERSION}",
+                "apiVersion": API,
                 "kind": KIND,
                 "name": meta["name"],
                 "namespace": meta["namespace"],

@@ -18,7 +18,6 @@ import os
 import threading
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from jaxps_operator.apiserver import SERVICE_ACCOUNT, Api, ApiError
@@ -33,7 +32,7 @@ def own_namespace() -> str:
     """POD_NAMESPACE (the chart sets it), else the service account's, else `default`."""
     if os.environ.get("POD_NAMESPACE"):
         return os.environ["POD_NAMESPACE"]
-    path = Path(SERVICE_ACCOUNT / "namespace")
+    path = SERVICE_ACCOUNT / "namespace"
     return path.read_text().strip() if path.exists() else "default"
 
 
