@@ -118,12 +118,7 @@ cluster-down: ## Stop everything cluster-up started; remove its pods, mounts, in
 	$(PYTHON_SYSTEM) hack/node.py down --dir .cluster
 
 bench: install control-plane node images kueue kubeflow $(TF_STAMP) ## Run every benchmark, TensorFlow's and Kubeflow's baselines included (JSON lines on stdout; the node's needs root)
-	$(PY) bench/transport.py
-	$(PY) bench/training.py
-	$(PY) bench/recovery.py
-	$(PY) bench/recovery.py --kubernetes   # on the real node: a ps process killed in its pod
-	$(PY) bench/operator.py --baseline kubeflow   # against Kubeflow's TFJob operator too
-	$(PY) bench/vs_tensorflow.py --tf-python $(TF_VENV)/bin/python --rounds 3   # with TLS and without, against TensorFlow
+	$(PY) bench/suite.py --tf-python $(TF_VENV)/bin/python   # every bench; the run kept in .bench/results.jsonl, its table on stderr
 
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) $(TF_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -15,7 +15,7 @@ the rest of the kernel, the Python interpreter, grpc, XLA's kernels, ...) and th
 symbols: unlike py-spy it sees time spent outside Python and outside the GIL.
 
     python bench/profile_step.py [--py-spy PATH] [--perf PATH] [--seconds 10] [--out DIR]
-        [--hidden 64] [--gil] [--ps 2] [--workers 2] [--mode sync]
+        [--hidden 64] [--gil] [--ps 2] [--workers 2] [--mode sync] [--tls]
 
 `--hidden` sets the mlp's hidden layers (default 2048 2048; `--hidden 64` is the latency-bound
 `mlp-async` case of bench/vs_tensorflow.py); `--gil` samples only the thread holding Python's
@@ -144,6 +144,7 @@ def main() -> None:
     parser.add_argument("--ps", type=int, default=1)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--mode", choices=("async", "sync"), default="async")
+    parser.add_argument("--tls", action="store_true", help="mutual TLS, as users run jobs")
     args = parser.parse_args()
     training = {
         **TRAINING,
@@ -154,7 +155,11 @@ def main() -> None:
         out = args.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
         job = harness.LocalJob.start(
-            training=training, log_dir=Path(tmp) / "logs", ps=args.ps, workers=args.workers
+            training=training,
+            log_dir=Path(tmp) / "logs",
+            ps=args.ps,
+            workers=args.workers,
+            tls=args.tls,
         )
         try:
             deadline = time.monotonic() + 300
