@@ -40,11 +40,13 @@ BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 Row = dict[str, object]
 
 
-def run(command: str, tf_python: str) -> tuple[list[Row], int]:
-    """Runs one bench command; its JSON lines (passed on to stdout) and its exit status."""
+def run(command: str, tf_python: str) -> tuple[str, list[Row], int]:
+    """Runs one bench command: the command as shown, its JSON lines (passed on to stdout) and
+    its exit status."""
     command = command.replace(TF_PYTHON, tf_python)
     script, *args = shlex.split(command)
-    print(f"==> python bench/{command}", file=sys.stderr, flush=True)
+    shown = f"python bench/{command}"
+    print(f"==> {shown}", file=sys.stderr, flush=True)
     rows: list[Row] = []
     with subprocess.Popen(
         [sys.executable, str(HERE / "bench" / script), *args],
@@ -57,9 +59,9 @@ def run(command: str, tf_python: str) -> tuple[list[Row], int]:
             print(line, end="", flush=True)
             if line.startswith("{"):
                 row = json.loads(line)
-                row["command"] = f"python bench/{command}"
+                row["command"] = shown
                 rows.append(row)
-    return rows, bench.returncode
+    return shown, rows, bench.returncode
 
 
 def figure(value: object, unit: object) -> str:
@@ -144,13 +146,13 @@ def main() -> None:
         with args.out.open("w") as out:
             out.write(json.dumps({"run": when}) + "\n")
             for command in commands:
-                got, status = run(command, args.tf_python)
+                shown, got, status = run(command, args.tf_python)
                 rows += got
                 out.writelines(json.dumps(row) + "\n" for row in got)
                 if status:
-                    failed.append(f"python bench/{command}")
-                    out.write(json.dumps({"failed": f"python bench/{command}"}) + "\n")
-                    print(f"python bench/{command} exited {status}", file=sys.stderr)
+                    failed.append(shown)
+                    out.write(json.dumps({"failed": shown}) + "\n")
+                    print(f"{shown} exited {status}", file=sys.stderr)
                 out.flush()
     text = f"One `make bench` run at {when}, on this project's 2-core machine.\n\n" + table(
         rows, failed
