@@ -17,12 +17,12 @@ is known on every later pass. Pure functions.
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from jaxps_operator import builders
+from jaxps_operator.objects import json_copy
 
 WORKER = "worker"
 REPLICAS = "spec.replicaSpecs.worker.replicas"
@@ -61,14 +61,14 @@ def within(job: Mapping[str, Any], *, issued_workers: int | None) -> Mapping[str
     top = capacity(job, issued_workers=issued_workers)
     if int(_spec(job)["replicas"]) <= top:
         return job
-    out = copy.deepcopy(dict(job))
+    out = json_copy(dict(job))
     out["spec"]["replicaSpecs"][WORKER]["replicas"] = top
     return out
 
 
 def at_capacity(job: Mapping[str, Any]) -> dict[str, Any]:
     """`job` with as many workers as it is issued certificates for (`issued`)."""
-    out = copy.deepcopy(dict(job))
+    out = json_copy(dict(job))
     out["spec"]["replicaSpecs"][WORKER]["replicas"] = issued(job)
     return out
 

@@ -225,8 +225,9 @@ class Controller:
                 if outcome.state is None:
                     self.forget(key)
                 else:
-                    self.states[key] = outcome.state
-                    self._count()
+                    if self.states.get(key) != outcome.state:  # counted again only on a change
+                        self.states[key] = outcome.state
+                        self._count()
                     if outcome.requeue_after is not None:
                         self.queue.add_after(key, outcome.requeue_after)
             finally:

@@ -33,14 +33,13 @@ Where TFJob hurts, see research/tfjob-anchor.md.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from jaxps_operator import builders, capacity, kueue, progress, schema
 from jaxps_operator.conditions import Event, Status, stamp
-from jaxps_operator.objects import Plan, PodState
+from jaxps_operator.objects import Plan, PodState, json_copy
 from jaxps_operator.policy import admission as admission_policy
 from jaxps_operator.policy import (
     cleanup,
@@ -113,7 +112,7 @@ def plan(
     gone = {p.name for p in scale.leaving(job, observed)}
     observed = [p for p in observed if p.name not in gone]
     generation = int(job["metadata"].get("generation", 1))
-    status = Status(copy.deepcopy(dict(job.get("status") or {})), now=now, generation=generation)
+    status = Status(json_copy(dict(job.get("status") or {})), now=now, generation=generation)
     body = status.body
     body["observedGeneration"] = generation
     body["replicaStatuses"] = _counts(job, observed=observed, previous=body)

@@ -16,7 +16,6 @@ and the replaced pod, seen leaving, was never counted again.
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,7 +25,7 @@ from typing import Any, Protocol
 
 from jaxps_operator import builders, capacity, kueue, planner, schema
 from jaxps_operator.conditions import TERMINAL, Event
-from jaxps_operator.objects import PodState
+from jaxps_operator.objects import PodState, json_copy
 
 log = logging.getLogger("jaxps.operator")
 
@@ -141,10 +140,14 @@ class Validator:
                 current = self.cache.get(key)
                 if current is None or current[0] != uid or current[1] <= generation:
                     self.cache[key] = cached
-        job = copy.deepcopy(cached[2])
-        job["metadata"] = copy.deepcopy(dict(meta))
-        job["status"] = copy.deepcopy(raw.get("status") or {})
-        return job
+        return json_copy(
+            {
+                **cached[2],
+                # the API server's field bookkeeping, half the metadata, is read by no policy
+                "metadata": {k: v for k, v in meta.items() if k != "managedFields"},
+                "status": raw.get("status") or {},
+            }
+        )
 
     def first_report(self, uid: str) -> bool:
         """True once per uid: whether its invalid spec is still to be reported."""
