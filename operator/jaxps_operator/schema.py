@@ -303,16 +303,34 @@ def training_problems(job: Mapping[str, Any]) -> list[Problem]:
     cross-field rule), and in how it meets `spec.replicaSpecs` (a ps to keep the parameters,
     replicasToAggregate at most the workers: `config.replica_problems`), found without JAX:
     `jaxps_runtime.config` is standard library (and YAML) only."""
+    specs = job["spec"].get("replicaSpecs") or {}
+    workers, ps = _replicas(specs, "worker"), _replicas(specs, "ps")
+    raw = job["spec"].get("training") or {}
+    try:  # asked on every pass of every job (80 us): checked once per distinct section
+        key = (json.dumps(raw), workers, ps)
+    except (TypeError, ValueError):  # not JSON (a YAML date, say): nothing to know it again by
+        return list(_training_problems(raw, workers, ps))
+    found = _TRAINING_CHECKED.get(key)
+    if found is None:
+        if len(_TRAINING_CHECKED) >= TRAINING_CHECKED_MAX:
+            _TRAINING_CHECKED.clear()
+        found = _TRAINING_CHECKED[key] = _training_problems(raw, workers, ps)
+    return list(found)
+
+
+TRAINING_CHECKED_MAX = 1024
+_TRAINING_CHECKED: dict[tuple[str, int, int], tuple[Problem, ...]] = {}
+
+
+def _training_problems(raw: Any, workers: int, ps: int) -> tuple[Problem, ...]:
     from jaxps_runtime.config import training as config  # noqa: PLC0415 - only where training is checked
 
-    specs = job["spec"].get("replicaSpecs") or {}
-    tasks = config.Replicas(workers=_replicas(specs, "worker"), ps=_replicas(specs, "ps"))
-    raw = job["spec"].get("training") or {}
+    tasks = config.Replicas(workers=workers, ps=ps)
     out = []
     for text in config.problems(raw, path="spec.training", replicas=tasks):
         path, _, message = text.partition(": ")
         out.append(Problem(path, message) if message else Problem("", text))
-    return out
+    return tuple(out)
 
 
 def _replicas(specs: Mapping[str, Any], role: str) -> int:

@@ -240,6 +240,20 @@ def test_tensorboard_gets_its_default_flush_and_the_runtime_accepts_it() -> None
     assert schema.training_problems(job) == []
 
 
+def test_a_training_section_checked_once_is_checked_again_when_it_or_the_replicas_change() -> None:
+    job = schema.validate(change("spec.training.steps", 10))
+    assert schema.training_problems(job) == []
+    assert schema.training_problems(job) == []  # known: the same answer
+    job["spec"]["training"]["steps"] = "ten"  # changed in place: no stale answer
+    assert any("steps" in str(p) for p in schema.training_problems(job))
+    job["spec"]["training"]["steps"] = 10
+    job["spec"]["training"]["mode"] = "sync"
+    job["spec"]["training"]["replicasToAggregate"] = 2
+    assert schema.training_problems(job) == []  # 2 workers
+    job["spec"]["replicaSpecs"]["worker"]["replicas"] = 1  # the same section, fewer workers
+    assert any("replicasToAggregate" in str(p) for p in schema.training_problems(job))
+
+
 def test_loading_refuses_a_template_value_the_runtime_would_refuse() -> None:
     manifest = change(
         "spec.replicaSpecs.ps.template",
