@@ -20,7 +20,7 @@ Cases:
 - phase-to-status: from a pod's status turning Running and ready (written as a kubelet would)
   to the owner's status counting it (TrainingJob `status.readyReplicas`; Job `status.ready`;
   TFJob `status.replicaStatuses.*.active`). Median and p99 over --flips pods of --flips / 7
-  jobs.
+  jobs, the parties taking turns pod by pod.
 - usage: each operator's resident memory (now and its peak) and CPU seconds for the whole run,
   with every job of the run still live (not for the Job controller, which shares its process
   with every other controller).
@@ -281,11 +281,11 @@ class Bench:
         wait(lambda: pods[run] >= PODS * count, f"{PODS * count} pods of {party.name}")
         return time.perf_counter() - started
 
-    def flips(self, party: Party, flips: int) -> list[float]:
-        """Turns pods Running one at a time; the seconds until the owner's status counts each."""
+    def flip_pods(self, party: Party, flips: int) -> list[tuple[str, str]]:
+        """Applies the jobs whose pods will be flipped, waits for their pods: (run, pod) each."""
         assert party.pods is not None
         pods = party.pods
-        times: list[float] = []
+        chosen: list[tuple[str, str]] = []
         for number in range((flips + PODS - 1) // PODS):
             run = f"flips-{number}"
             party.apply(run, run)
@@ -297,16 +297,32 @@ class Bench:
                 ).items
                 if p.metadata
             )
-            for pod in names[: flips - len(times)]:
-                before = party.counted(run)
-                self.running(party.namespace, pod)
-                started = time.perf_counter()
-                wait(
-                    lambda r=run, b=before: party.counted(r) > b,  # type: ignore[misc]
-                    f"{party.name} counting {pod}",
-                    poll=FLIP_POLL,
-                )
-                times.append(time.perf_counter() - started)
+            chosen += [(run, pod) for pod in names[: flips - len(chosen)]]
+        return chosen
+
+    def flip(self, party: Party, run: str, pod: str) -> float:
+        """Turns one pod Running; the seconds until the owner's status counts it."""
+        before = party.counted(run)
+        self.running(party.namespace, pod)
+        started = time.perf_counter()
+        wait(
+            lambda: party.counted(run) > before,
+            f"{party.name} counting {pod}",
+            poll=FLIP_POLL,
+        )
+        return time.perf_counter() - started
+
+    def flips(self, parties: list[Party], flips: int) -> dict[str, list[float]]:
+        """`flips` pods of each party turned Running one at a time, the parties taking turns
+        flip by flip (so what the API server is still doing after the creates, or a slow
+        moment of the machine, falls on every party alike); every party's jobs are made
+        first. The seconds until each owner's status counted each pod, per party."""
+        chosen = {p.name: self.flip_pods(p, flips) for p in parties}
+        times: dict[str, list[float]] = {p.name: [] for p in parties}
+        for number in range(flips):
+            turn = number % len(parties)
+            for party in parties[turn:] + parties[:turn]:
+                times[party.name].append(self.flip(party, *chosen[party.name][number]))
         return times
 
     def running(self, namespace: str, pod: str) -> None:
@@ -541,7 +557,7 @@ def measure(bench: Bench, parties: list[Party], args: argparse.Namespace) -> Non
                 baseline_value=statistics.median(times[party.name]),
                 lower_is_better=True,
             )
-    flips = {p.name: bench.flips(p, args.flips) for p in parties}
+    flips = bench.flips(parties, args.flips)
     for name, times in flips.items():  # the whole distribution, for whoever reads the tail
         ms = ", ".join(f"{1000 * t:.0f}" for t in times)
         print(f"phase-to-status of {name}, ms in order: {ms}", file=sys.stderr)
