@@ -302,10 +302,17 @@ def informers(
         cluster.pod_seen(type_, pod)
         child_event(type_, pod)
 
+    def service_event(type_: str, service: dict[str, Any]) -> None:
+        meta = service.get("metadata") or {}
+        job = (meta.get("labels") or {}).get(builders.LABEL_JOB)
+        if type_ == "DELETED" and job:
+            cluster.child_deleted(str(meta.get("namespace", "")), job)
+        child_event(type_, service)
+
     kinds: list[tuple[str, Watched, informer.Handler]] = [
         ("jobs", JOBS, job_event),
         ("pods", PODS, pod_event),
-        ("services", SERVICES, child_event),
+        ("services", SERVICES, service_event),
     ]
     if options.kueue:  # Kueue admits, evicts and requeues through the Workload: a pass each
         kinds.append(("workloads", WORKLOADS, child_event))
@@ -357,6 +364,11 @@ async def serve(controller: Controller, api: apiserver.Api, cluster: kube.KubeCl
         loop.add_signal_handler(signum, stopping.set)
     watches = informers(api, controller, cluster, loop)
     cluster.pods_watched = lambda: all(i.synced.is_set() for i in watches["pods"])
+
+    def gone(namespace: str, name: str) -> None:  # a child of the job read as there is gone
+        loop.call_soon_threadsafe(controller.touch, (namespace, name))
+
+    cluster.on_gone = gone
     leader = None
     if options.peering is not None:
         leader = lease.Leader(

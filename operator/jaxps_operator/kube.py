@@ -17,6 +17,7 @@ passes LIST.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -45,10 +46,11 @@ __all__ = [
 GROUP, VERSION, PLURAL, KIND = "jaxps.dev", "v1alpha1", "trainingjobs", "TrainingJob"
 API = f"{GROUP}/{VERSION}"  # the TrainingJob API, as a path's group or an apiVersion
 COMPONENT = "jaxps-operator"
+log = logging.getLogger("jaxps.operator")
 
-# A job's Secret, NetworkPolicy and Service, once read as there, are not read again for this
-# long (a pass per pod event read them all each time): one deleted by hand is made again
-# within KEPT_FOR seconds and the job's next pass.
+# A job's Secret, NetworkPolicy and Service, once read as there, are read again only this long
+# after, in the background (a pass per pod event read them all each time): one deleted by hand
+# is made again by the pass that follows the first read after it.
 KEPT_FOR = 30.0
 KEPT_MAX = 10_000
 GONE_MAX = 10_000  # pods whose deletion is remembered (against late events)
@@ -200,6 +202,8 @@ class KubeCluster:
         self.network_policies = network_policies
         self._api = api
         self.pods_watched = pods_watched
+        # (namespace, job): a child read as there is gone, the job wants a pass (`_kept`)
+        self.on_gone: Callable[[str, str], None] = lambda namespace, name: None
         self.reads = ThreadPoolExecutor(4, thread_name_prefix="jaxps-read")
         # (namespace, name, uid) -> (until, the Secret's keys): see `_kept`
         self._known: dict[tuple[str, str, str], tuple[float, list[str]]] = {}
@@ -220,24 +224,11 @@ class KubeCluster:
     def children(self, job: Mapping[str, Any]) -> Children:
         meta = job["metadata"]
         namespace = meta["namespace"]
-        keys = self._kept(meta)
+        keys = self._kept(job)
         if keys is None:  # read what is not known to exist: the Secret, NetworkPolicy, Service
-            secret = self.reads.submit(self._secret_keys, namespace, builders.secret_name(job))
-            policy = self.reads.submit(
-                lambda: (
-                    not self.network_policies
-                    or self._exists(
-                        namespaced(
-                            namespace, "networkpolicies", meta["name"], group="networking.k8s.io/v1"
-                        )
-                    )
-                )
-            )
-            service = self.service_exists(namespace, meta["name"])
-            keys = secret.result()
-            if keys is not None and policy.result() and service:
+            keys, network_policy, service = self._read_children(job)
+            if keys is not None and network_policy and service:
                 self._keep(meta, keys)
-            network_policy = policy.result()
         else:
             service = network_policy = True
         uid = meta.get("uid", "")
@@ -295,15 +286,76 @@ class KubeCluster:
                 stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
                 pod["metadata"] = {**pod["metadata"], "deletionTimestamp": stamp}
 
-    def _kept(self, meta: Mapping[str, Any]) -> list[str] | None:
+    def _kept(self, job: Mapping[str, Any]) -> list[str] | None:
         """The keys of the job's Secret, when it, the NetworkPolicy and the Service were all
-        read as there within the last KEPT_FOR seconds (what the operator creates once, never
-        changes, and reads on every pass); None otherwise."""
+        read as there (what the operator creates once, never changes, and reads on every pass);
+        None otherwise. Once KEPT_FOR seconds old, they are read again in the background while
+        this pass goes on with what was read (three reads in a pass were a phase-to-status
+        slower every 30 s): one found gone is forgotten, and `on_gone` asks for a pass."""
+        meta = job["metadata"]
+        key = (meta["namespace"], meta["name"], meta.get("uid", ""))
+        now = time.monotonic()
         with self._lock:
-            kept = self._known.get((meta["namespace"], meta["name"], meta.get("uid", "")))
-        if kept is None or kept[0] < time.monotonic():
+            kept = self._known.get(key)
+            due = kept is not None and kept[0] < now
+            if kept is not None and due:  # one read again at a time: the next in KEPT_FOR
+                self._known[key] = (now + KEPT_FOR, kept[1])
+        if kept is None:
             return None
+        if due:
+            self.reads.submit(self._recheck, {"metadata": dict(meta), "spec": job.get("spec")})
         return kept[1]
+
+    def _recheck(self, job: Mapping[str, Any]) -> None:
+        meta = job["metadata"]
+        try:
+            keys, network_policy, service = self._read_children(job, at_once=False)
+            there = keys is not None and network_policy and service
+        except Exception as err:  # the pass reads them itself, and says what went wrong
+            log.info(
+                "TrainingJob %s/%s: its children read again: %s",
+                meta["namespace"],
+                meta["name"],
+                err,
+            )
+            keys, there = None, False
+        if there and keys is not None:
+            self._keep(meta, keys)
+            return
+        with self._lock:
+            self._known.pop((meta["namespace"], meta["name"], meta.get("uid", "")), None)
+        self.on_gone(meta["namespace"], meta["name"])
+
+    def child_deleted(self, namespace: str, job: str) -> None:
+        """The watch saw a child of the job deleted (its Service): read them all on its next
+        pass, which makes it again, rather than trust what was read before."""
+        with self._lock:
+            for key in [k for k in self._known if k[:2] == (namespace, job)]:
+                del self._known[key]
+
+    def _read_children(
+        self, job: Mapping[str, Any], *, at_once: bool = True
+    ) -> tuple[list[str] | None, bool, bool]:
+        """The keys of the job's Secret (None without one), and whether its NetworkPolicy (or
+        none is wanted) and its Service exist: three reads, two of them on `reads` beside the
+        third when `at_once` (not from a task of `reads` itself, which could wait on its own)."""
+        meta = job["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+
+        def policy() -> bool:
+            path = namespaced(namespace, "networkpolicies", name, group="networking.k8s.io/v1")
+            return not self.network_policies or self._exists(path)
+
+        if not at_once:
+            return (
+                self._secret_keys(namespace, builders.secret_name(job)),
+                policy(),
+                (self.service_exists(namespace, name)),
+            )
+        secret = self.reads.submit(self._secret_keys, namespace, builders.secret_name(job))
+        network_policy = self.reads.submit(policy)
+        service = self.service_exists(namespace, name)
+        return secret.result(), network_policy.result(), service
 
     def _keep(self, meta: Mapping[str, Any], keys: list[str]) -> None:
         now = time.monotonic()

@@ -16,6 +16,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from jaxps_operator import kube
 from jaxps_operator.policy import cleanup
 from jaxps_runtime.config import cluster as tfcluster
 from jaxps_runtime.process.metrics import Metrics
@@ -145,6 +146,22 @@ def test_mnist_creates_the_service_and_pods_with_owner_references_and_tf_config(
     assert {"reason": "JobCreated", "type": "Normal", "message": "created TrainingJob mnist"} in (
         jobs.events("mnist")
     )
+
+
+def test_a_service_deleted_by_hand_is_made_again_before_it_would_be_read_again(
+    jobs: Jobs,
+) -> None:
+    jobs.apply(mnist())
+    first = wait_for(lambda: jobs.service("mnist"), what="the headless Service")
+    jobs.cluster.core.delete_namespaced_service("mnist", jobs.namespace)
+
+    def again() -> dict[str, Any] | None:
+        found = jobs.service("mnist")
+        return found if found and found["metadata"]["uid"] != first["metadata"]["uid"] else None
+
+    # the watch's event of the deletion: the Service is not taken as there for KEPT_FOR more
+    made = wait_for(again, timeout=kube.KEPT_FOR * 0.8, what="the Service made again")
+    assert made["spec"]["clusterIP"] == "None"
 
 
 def test_pod_phases_drive_the_job_to_succeeded_and_running_pods_are_deleted(

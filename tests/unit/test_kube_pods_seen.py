@@ -1,5 +1,6 @@
 """The pods a pass reads from the pod watch (`KubeCluster.pod_seen`), kept slim; the namespace
-globs of the watches; and the kubeconfig the operator's API client reads."""
+globs of the watches; the kubeconfig the operator's API client reads; and when a job's Secret,
+NetworkPolicy and Service are read again."""
 
 from __future__ import annotations
 
@@ -221,3 +222,66 @@ def test_a_kubeconfig_the_operator_cannot_use_is_refused_naming_the_field(
 ) -> None:
     with pytest.raises(apiserver.ConfigError, match=words.replace("[", r"\[")):
         apiserver.from_kubeconfig(kubeconfig(tmp_path, user, cluster))
+
+
+class ReadChildren(kube.KubeCluster):
+    """A KubeCluster whose three reads of a job's children answer from `there`."""
+
+    def __init__(self, there: tuple[list[str] | None, bool, bool]) -> None:
+        super().__init__(api=None)
+        self.there = there
+        self.reads_made = 0
+
+    def _read_children(
+        self, job: Any, *, at_once: bool = True
+    ) -> tuple[list[str] | None, bool, bool]:
+        self.reads_made += 1
+        return self.there
+
+
+JOB = {"metadata": {"namespace": "ns", "name": "tj", "uid": "u1"}, "spec": {}}
+
+
+@pytest.mark.parametrize("gone", ["secret", "network policy", "service"])
+def test_children_read_again_in_the_background_once_due_and_one_gone_asks_for_a_pass(
+    monkeypatch: pytest.MonkeyPatch, gone: str
+) -> None:
+    cluster = ReadChildren((["tj-chief-0.crt"], True, True))
+    asked: list[tuple[str, str]] = []
+    cluster.on_gone = lambda namespace, name: asked.append((namespace, name))
+    cluster._keep(JOB["metadata"], ["tj-chief-0.crt"])
+    assert cluster._kept(JOB) == ["tj-chief-0.crt"]
+    assert cluster.reads_made == 0  # not due: nothing read
+    monkeypatch.setattr(kube, "KEPT_FOR", -1.0)  # due at once
+    cluster._keep(JOB["metadata"], ["tj-chief-0.crt"])
+    keys: list[str] | None = None if gone == "secret" else ["tj-chief-0.crt"]
+    cluster.there = (keys, gone != "network policy", gone != "service")
+    assert cluster._kept(JOB) == ["tj-chief-0.crt"]  # this pass goes on with what was read
+    cluster.reads.shutdown(wait=True)  # the read again is done
+    assert cluster.reads_made == 1
+    assert asked == [("ns", "tj")]
+    assert cluster._kept(JOB) is None  # the next pass reads them itself, and makes what is gone
+
+
+def test_children_read_again_and_all_there_are_kept_with_no_pass_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cluster = ReadChildren((["tj-chief-0.crt", "tj-ps-0.crt"], True, True))
+    asked: list[tuple[str, str]] = []
+    cluster.on_gone = lambda namespace, name: asked.append((namespace, name))
+    monkeypatch.setattr(kube, "KEPT_FOR", -1.0)  # due at once
+    cluster._keep(JOB["metadata"], ["tj-chief-0.crt"])
+    assert cluster._kept(JOB) == ["tj-chief-0.crt"]
+    cluster.reads.shutdown(wait=True)
+    assert (cluster.reads_made, asked) == (1, [])
+    with cluster._lock:  # kept as read again: the Secret's keys of now
+        assert cluster._known[("ns", "tj", "u1")][1] == ["tj-chief-0.crt", "tj-ps-0.crt"]
+
+
+def test_a_deleted_child_seen_by_the_watch_is_read_again_on_the_next_pass() -> None:
+    cluster = ReadChildren((["tj-chief-0.crt"], True, True))
+    cluster._keep(JOB["metadata"], ["tj-chief-0.crt"])
+    cluster.child_deleted("ns", "other")  # another job's: this one's stays kept
+    assert cluster._kept(JOB) == ["tj-chief-0.crt"]
+    cluster.child_deleted("ns", "tj")
+    assert cluster._kept(JOB) is None
