@@ -5,7 +5,9 @@ the rules. `validate` applies its defaults (structural defaulting, as the apiser
 validating), then checks types, enums, bounds, patterns, required and unknown fields, and
 finally evaluates every `x-kubernetes-validations` CEL rule with cel-python. Every problem is
 reported, each with the field path, the value and what is allowed, in the apiserver's words
-(`spec.replicaSpecs.worker.replicas: Invalid value: 0: ...`).
+(`spec.replicaSpecs.worker.replicas: Invalid value: 0: ...`). Last it fills in the defaults of
+`spec.training`, which the CRD leaves to the runtime (`jaxps_runtime.config.training.
+with_defaults`: the apiserver stores only what the user wrote).
 
 Pure functions; thread-safe.
 """
@@ -249,7 +251,8 @@ def _rules(
 def validate(
     manifest: Any, *, old: Mapping[str, Any] | None = None, rules: bool = True
 ) -> dict[str, Any]:
-    """The manifest with the CRD's defaults applied; `InvalidManifestError` lists every problem.
+    """The manifest with the CRD's defaults applied, and the runtime's in `spec.training` (which
+    the CRD leaves out: `jaxps_runtime.config.openapi`); `InvalidManifestError` lists every problem.
     `old`: the stored job this manifest would replace (an update): the transition rules (a ps
     count that changes) are checked against it, as the apiserver checks them. `rules=False`:
     the CEL rules are not evaluated (for an object the apiserver admitted under them)."""
@@ -294,6 +297,11 @@ def validate(
         _rules(job, schema, "", problems, old=before)
     if problems:
         raise InvalidManifestError(problems)
+    training = job["spec"].get("training")
+    if isinstance(training, Mapping):  # the CRD states none of its defaults: the runtime's
+        from jaxps_runtime.config import training as config  # noqa: PLC0415 - as below
+
+        job["spec"]["training"] = config.with_defaults(training)
     return job
 
 

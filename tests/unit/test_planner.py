@@ -699,6 +699,45 @@ def test_a_waiting_pod_says_why_in_pods_ready_and_one_warning_per_change(
     assert cond(back.status, "PodsReady")["status"] == "True"  # type: ignore[index]
 
 
+def test_pods_that_start_one_by_one_post_no_warning_each() -> None:
+    """How many more pods wait is in PodsReady's message, not a new Event each time it
+    changes (a job starting its pods one by one posted one per pod)."""
+    j = job(workers=4)
+    step(j, [])
+
+    def stuck(names: set[str]) -> list[PodState]:
+        return [
+            PodState(
+                p.name,
+                p.role,
+                p.index,
+                "Pending",
+                waiting_reason="Unschedulable",
+                waiting_message=UNSCHEDULABLE,
+                created=NOW,
+            )
+            if p.name in names
+            else p
+            for p in pods(j)
+        ]
+
+    names = {f"tj-worker-{i}" for i in (1, 2, 3)}
+    first = step(j, stuck(names), NOW + timedelta(seconds=10))
+    ready = cond(first.status, "PodsReady")
+    assert ready is not None
+    assert ready["message"].endswith("(and 2 more pods wait)")
+    assert [e.reason for e in first.events if e.type == "Warning"] == ["Unschedulable"]
+    fewer = step(j, stuck(names - {"tj-worker-3"}), NOW + timedelta(seconds=11))
+    ready = cond(fewer.status, "PodsReady")
+    assert ready is not None
+    assert ready["message"].endswith("(and 1 more pods wait)")
+    assert [e for e in fewer.events if e.type == "Warning"] == []
+    other = step(j, stuck({"tj-worker-2"}), NOW + timedelta(seconds=12))  # another pod: said
+    assert [e.message for e in other.events if e.type == "Warning"] == [
+        f"pod tj-worker-2 (worker 2) waits: Unschedulable: {UNSCHEDULABLE}"
+    ]
+
+
 def test_a_pod_that_waits_past_the_schedule_timeout_fails_the_job_by_a_timer() -> None:
     j = job(run={"scheduleTimeoutSeconds": 300})
     j["spec"]["replicaSpecs"]["worker"]["minReplicas"] = 2  # worker 1 is needed

@@ -1,5 +1,6 @@
 """The CRD's `spec.training` says what the runtime reads: the same properties, and for each the
-same type, allowed values, default and minimum (`make verify` runs the same check)."""
+same type, allowed values and minimum, and no default (the runtime's apply, filled in by the
+operator, never stored by the apiserver); `make verify` runs the same check."""
 
 from __future__ import annotations
 
@@ -42,8 +43,9 @@ def test_the_crd_says_what_the_runtime_reads() -> None:
     [
         pytest.param(
             "steps.default",
-            100,
-            "spec.training.steps: default 100 in the CRD, 1000 in the runtime",
+            1000,
+            "spec.training.steps: default 1000 in the CRD: state none (the runtime's, 1000, "
+            "applies; the apiserver would store it in every job)",
             id="default",
         ),
         pytest.param(
@@ -81,14 +83,16 @@ def test_the_crd_says_what_the_runtime_reads() -> None:
         pytest.param(
             "dataset.name.default",
             "digits",
-            'spec.training.dataset.name: default "digits" in the CRD, none (it depends on '
-            "another field) in the runtime",
+            'spec.training.dataset.name: default "digits" in the CRD: state none (the runtime\'s, '
+            "none (it depends on another field), applies; the apiserver would store it in every "
+            "job)",
             id="default-that-depends-on-the-model",
         ),
         pytest.param(
             "optimizer.default",
             {},
-            "spec.training.optimizer: default {} in the CRD, none in the runtime",
+            "spec.training.optimizer: default {} in the CRD: state none (the runtime's, none, "
+            "applies; the apiserver would store it in every job)",
             id="empty-optimizer-is-no-default",
         ),
     ],
@@ -97,6 +101,36 @@ def test_a_difference_names_the_field(path: str, value: Any, line: str) -> None:
     assert openapi.drift(_changed(path, value)) == [line]
 
 
-def test_a_section_read_as_empty_when_absent_may_default_to_empty() -> None:
-    assert openapi.drift(_changed("placement.default", {})) == []
-    assert openapi.drift(_changed("model.default", None)) == []
+def test_every_default_the_crd_states_is_named() -> None:
+    schema = _changed("placement.default", {})
+    schema["properties"]["model"]["properties"]["name"]["default"] = "mlp"
+    assert openapi.drift(schema) == [
+        'spec.training.model.name: default "mlp" in the CRD: state none (the runtime\'s, '
+        '"mlp", applies; the apiserver would store it in every job)',
+        "spec.training.placement: default {} in the CRD: state none (the runtime's, none, "
+        "applies; the apiserver would store it in every job)",
+    ]
+
+
+def test_the_defaults_filled_in_are_the_runtimes() -> None:
+    from jaxps_runtime.config import training
+
+    raw = {"steps": 5, "placement": {"strategy": "roundRobin"}, "tensorboard": {"dir": "/tb"}}
+    kept = copy.deepcopy(raw)
+    filled = training.with_defaults(raw)
+    assert raw == kept
+    assert training.parse(filled).to_dict() == training.parse(raw).to_dict()
+    assert (filled["steps"], filled["batchSize"], filled["mode"]) == (5, 32, "async")
+    assert filled["placement"] == {"strategy": "roundRobin", "minShardBytes": 262144}
+    assert filled["tensorboard"] == {"dir": "/tb", "flushSeconds": 5}
+    assert "maxStaleness" not in filled  # its default depends on the mode
+    assert "checkpoint" not in filled  # a section it does not have
+    assert training.with_defaults({"steps": "many"})["steps"] == "many"  # for problems to name
+
+
+def test_the_description_says_each_default() -> None:
+    schema = _schema()
+    schema["description"] = schema["description"].replace("batchSize 32", "batchSize 64")
+    assert openapi.drift(schema) == [
+        "spec.training: the description does not say the default of batchSize (32)"
+    ]

@@ -1,18 +1,21 @@
 """Schedule policy: pods that wait, and for how long they may (`runPolicy.scheduleTimeoutSeconds`).
 
-A Pending pod that waits for a reason (the scheduler's PodScheduled=False, `Unschedulable:
-0/1 nodes are available: 1 Insufficient cpu`; or its container's waiting reason, ErrImagePull,
+A Pending pod that waits for a reason (the scheduler's PodScheduled=False, `Unschedulable: 0/1
+nodes are available: 1 Insufficient cpu`; or its container's waiting reason, ErrImagePull,
 ImagePullBackOff, CreateContainerConfigError) makes the job's PodsReady condition False with
 that reason and a message naming the pod and the scheduler's (or kubelet's) words, and posts a
-Warning Event once per change of what it says. With `scheduleTimeoutSeconds` set, the job
-fails with that reason once a pod has waited that long since it was created; a timer asks for
-that pass, so it fires without another event. A worker the job can do without (not worker 0
-acting as chief, and at least `minReplicas` other workers run: `scale.spare`) never fails it:
-past the timeout the message says the job goes on without it, and it joins once it runs.
+Warning Event once per change of what it says, how many more pods wait aside (a job whose pods
+start one by one posted one per pod, each a write on the API server). With
+`scheduleTimeoutSeconds` set, the job fails with that reason once a pod has waited that long
+since it was created; a timer asks for that pass, so it fires without another event. A worker
+the job can do without (not worker 0 acting as chief, and at least `minReplicas` other workers
+run: `scale.spare`) never fails it: past the timeout the message says the job goes on without
+it, and it joins once it runs.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -25,6 +28,14 @@ from jaxps_operator.policy import scale
 QUIET_SECONDS = 5.0
 """A pod younger than this that waits is not reported yet: its claim may be binding, its
 image being pulled (the scheduler says Unschedulable for the second a fresh claim is unbound)."""
+
+
+_MORE = re.compile(r" \(and \d+ more pods wait\)")
+
+
+def _told(message: str) -> str:
+    """What an Event about a waiting pod says, how many more pods wait aside."""
+    return _MORE.sub("", message)
 
 
 def waiting(pods: Iterable[PodState], *, now: datetime) -> list[PodState]:
@@ -68,10 +79,10 @@ def apply(job: Mapping[str, Any], *, pods: Iterable[PodState], status: Status, p
         )
     before = dict(status.condition("PodsReady") or {})  # a copy: mark changes it in place
     status.mark("PodsReady", False, reason, message, add=True)
-    if (before.get("status"), before.get("reason"), before.get("message")) != (
+    if (before.get("status"), before.get("reason"), _told(str(before.get("message")))) != (
         "False",
         reason,
-        message,
+        _told(message),
     ):
         status.event("Warning", reason, message)
     if not timeout:

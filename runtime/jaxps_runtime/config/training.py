@@ -31,8 +31,11 @@ training scalars under `dir/train` and the evaluator its metrics under `dir/eval
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import functools
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,6 +101,7 @@ __all__ = [
     "loads",
     "manifest_specs",
     "parse",
+    "with_defaults",
     "problems",
     "replica_problems",
 ]
@@ -172,6 +176,28 @@ def manifest_specs() -> dict[str, Spec]:
     """Every field of `spec.training` as the manifest spells it, with its rules."""
     out = {key: spec for key, spec in specs(TrainingConfig).items() if key != "training_mode"}
     return {**out, **specs(ModeFields)}
+
+
+def with_defaults(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """`raw` (a manifest's `spec.training`) with every default that does not depend on another
+    field filled in, also inside the sections it has: what the operator hands the tasks as
+    JAXPS_TRAINING and shows as the job's settings. The CRD states none of them, so that the
+    apiserver stores only what the user wrote (every default it filled in was stored in every
+    job and made each write of it, status included, dearer); a value of the wrong type is left
+    as it is, for `problems` to name."""
+    return _filled(raw, manifest_specs())
+
+
+def _filled(node: Mapping[str, Any], fields: Mapping[str, Spec]) -> dict[str, Any]:
+    out = dict(node)
+    for key, spec in fields.items():
+        if key not in out:
+            if spec.default is not dataclasses.MISSING and spec.default is not None:
+                default = spec.default
+                out[key] = default.value if isinstance(default, enum.Enum) else default
+        elif spec.section is not None and isinstance(out[key], Mapping):
+            out[key] = _filled(out[key], specs(spec.section))
+    return out
 
 
 # Read in this order after the sections (the order of `problems`).
