@@ -113,6 +113,15 @@ def test_a_bad_manifest_names_every_field_and_a_missing_file_its_path() -> None:
         load("kind: [unclosed\n")
 
 
+def test_a_stored_job_without_steps_reads_the_runtimes_default() -> None:
+    """The apiserver stores no default of spec.training: the SDK says what the job runs."""
+    raw = stored("Running", progress={"step": 5})
+    del raw["spec"]["training"]["steps"]
+    assert Job.of(raw).progress.steps == 1000
+    raw["spec"]["training"]["steps"] = "many"  # not a number: no total
+    assert Job.of(raw).progress.steps == 0
+
+
 def test_a_stored_job_reads_as_typed_fields() -> None:
     job = Job.of(
         stored(

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from jaxps_operator import builders
+from jaxps_runtime.config.training import with_defaults
 
 
 class JaxpsError(Exception):
@@ -190,7 +191,7 @@ class Job:
             conditions=tuple(Condition.of(c) for c in status.get("conditions") or []),
             progress=Progress.of(
                 status.get("progress") or {},
-                steps=int((spec.get("training") or {}).get("steps") or 0),
+                steps=_steps(spec.get("training")),
             ),
             replicas=tuple(
                 Replicas(
@@ -247,3 +248,10 @@ def task_pods(job: Mapping[str, Any], task: str | None) -> list[str]:
             f"{', '.join(p.removeprefix(name + '-') for p in pods)}"
         )
     return [pod]
+
+
+def _steps(training: Any) -> int:
+    """`spec.training.steps` as the job runs it: the runtime's default where the manifest has
+    none (the apiserver stores no default of spec.training); 0 where it is not a number."""
+    steps = with_defaults(training if isinstance(training, Mapping) else {}).get("steps")
+    return steps if isinstance(steps, int) else 0
