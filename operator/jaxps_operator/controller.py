@@ -5,9 +5,10 @@
 `informer.Informer`s list and watch the TrainingJobs and the pods, Services and Workloads
 labelled with `jaxps.dev/job-name`, each in a thread of its own; each event only puts the job's
 key on a work queue (and keeps the job's body and its pods for the passes to read: `kube`).
-Workers take a key at a time, never the same key twice at once, and run one level-based pass
-in a thread, so blocking API calls never stall the event loop: `reconcile.reconcile` on
-`kube.KubeCluster`, the same pass `jaxps local` runs.
+Worker threads take a key at a time, never the same key twice at once, and run one
+level-based pass each: `reconcile.reconcile` on `kube.KubeCluster`, the same pass `jaxps local`
+runs. Threads, as client-go's controllers are built, not an event loop: an event reaches its
+pass through one lock and one wake-up (through a loop and a thread pool it was two hops).
 
 Events that arrive during a pass queue the key again; a Plan's `requeue_after` (deadline, TTL)
 and the progress interval are real timers; a pass that fails is tried again after a per-key
@@ -25,7 +26,6 @@ watches with bookmarks and re-lists, the liveness endpoint, several replicas of 
 
 from __future__ import annotations
 
-import asyncio
 import fnmatch
 import gc
 import json
@@ -148,27 +148,35 @@ class Reconciler:
 
 @dataclass
 class Controller:
-    """The event loop's state: the queue, the workers, what each job's state was last seen as."""
+    """The workers' state: the queue, the worker threads, what each job's state was last seen
+    as. The watch threads add keys; `workers` threads take them and run one pass each."""
 
     options: Options
     reconciler: Reconciler
     metrics: Metrics
     queue: WorkQueue = field(default_factory=WorkQueue)
     states: dict[Key, str] = field(default_factory=dict)
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
     leading: threading.Event | None = None  # set while this replica works (None: standalone)
+    stopped: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # guards states
 
     def start(self) -> None:
-        self.tasks = [
-            asyncio.create_task(self._worker(i), name=f"jaxps-worker-{i}")
+        self.threads = [
+            threading.Thread(target=self._worker, name=f"jaxps-worker-{i}", daemon=True)
             for i in range(self.options.workers)
         ]
-        self.tasks.append(asyncio.create_task(self._resync(), name="jaxps-resync"))
+        self.threads.append(threading.Thread(target=self._resync, name="jaxps-resync", daemon=True))
+        for thread in self.threads:
+            thread.start()
 
-    async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+    def stop(self, timeout: float = 10.0) -> None:
+        """No pass starts after this; waits up to `timeout` seconds for those running."""
+        self.stopped.set()
+        self.queue.shut_down()
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
 
     def touch(self, key: Key) -> None:
         self.queue.add(key)
@@ -176,63 +184,71 @@ class Controller:
 
     def forget(self, key: Key) -> None:
         self.queue.forget(key)
-        self.states.pop(key, None)
+        with self.lock:
+            self.states.pop(key, None)
+            self._count()
         self.reconciler.validator.forget(*key)
-        self._count()
 
-    def _count(self) -> None:
+    def _count(self) -> None:  # the lock held
         for state in STATES:
             self.metrics.jobs.labels(state=state).set(
                 sum(1 for s in self.states.values() if s == state)
             )
 
-    async def _resync(self) -> None:
-        while True:
-            await asyncio.sleep(self.options.resync_interval)
-            for key in list(self.states):
+    def _resync(self) -> None:
+        while not self.stopped.wait(self.options.resync_interval):
+            with self.lock:
+                keys = list(self.states)
+            for key in keys:
                 self.touch(key)
 
-    async def _worker(self, number: int) -> None:
+    def _worker(self) -> None:
         while True:
-            while self.leading is not None and not self.leading.is_set():
-                await asyncio.sleep(0.2)  # a standby: keys wait in the queue until it leads
-            key = await self.queue.get()
+            while self.leading is not None and not self.leading.wait(0.2):
+                if self.stopped.is_set():  # a standby: keys wait in the queue until it leads
+                    return
+            key = self.queue.get()
+            if key is None:
+                return
             self.metrics.queue.set(len(self.queue))
             started = time.perf_counter()
             try:
-                outcome = await asyncio.to_thread(self.reconciler.reconcile, *key)
-            except reconcile.ConflictError as err:
-                log.info("%s: pass repeated", err)
-                self.queue.add_after(key, 0.1)
-            except kube.ApiError as err:
-                self.metrics.errors.inc()
-                delay = self.queue.retry(key)
-                log.warning(
-                    "TrainingJob %s/%s: the API answered %s: %s; retrying in %.1f s",
-                    *key,
-                    err.status,
-                    kube.message(err),
-                    delay,
-                )
-            except Exception:
-                self.metrics.errors.inc()
-                delay = self.queue.retry(key)
-                log.exception(
-                    "TrainingJob %s/%s: reconcile failed; retrying in %.1f s", *key, delay
-                )
-            else:
-                self.queue.succeeded(key)
-                if outcome.state is None:
-                    self.forget(key)
-                else:
-                    if self.states.get(key) != outcome.state:  # counted again only on a change
-                        self.states[key] = outcome.state
-                        self._count()
-                    if outcome.requeue_after is not None:
-                        self.queue.add_after(key, outcome.requeue_after)
+                self._pass(key)
             finally:
                 self.metrics.reconcile.observe(time.perf_counter() - started)
                 self.queue.done(key)
+
+    def _pass(self, key: Key) -> None:
+        try:
+            outcome = self.reconciler.reconcile(*key)
+        except reconcile.ConflictError as err:
+            log.info("%s: pass repeated", err)
+            self.queue.add_after(key, 0.1)
+        except kube.ApiError as err:
+            self.metrics.errors.inc()
+            delay = self.queue.retry(key)
+            log.warning(
+                "TrainingJob %s/%s: the API answered %s: %s; retrying in %.1f s",
+                *key,
+                err.status,
+                kube.message(err),
+                delay,
+            )
+        except Exception:
+            self.metrics.errors.inc()
+            delay = self.queue.retry(key)
+            log.exception("TrainingJob %s/%s: reconcile failed; retrying in %.1f s", *key, delay)
+        else:
+            self.queue.succeeded(key)
+            if outcome.state is None:
+                self.forget(key)
+                return
+            with self.lock:
+                if self.states.get(key) != outcome.state:  # counted again only on a change
+                    self.states[key] = outcome.state
+                    self._count()
+            if outcome.requeue_after is not None:
+                self.queue.add_after(key, outcome.requeue_after)
 
 
 # --- watches, the Lease, the liveness endpoint -------------------------------------------------
@@ -276,10 +292,9 @@ def informers(
     api: apiserver.Api,
     controller: Controller,
     cluster: kube.KubeCluster,
-    loop: asyncio.AbstractEventLoop,
 ) -> dict[str, list[informer.Informer]]:
     """The watches of jobs and of their pods, Services and (with Kueue) Workloads; each event
-    only puts the job's key on the queue, from the watch's thread onto the event loop."""
+    only puts the job's key on the queue, from the watch's thread."""
     options = controller.options
     accept = matcher(options.namespaces)
 
@@ -288,15 +303,15 @@ def informers(
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
         cluster.seen(type_, job)
         if type_ == "DELETED":
-            loop.call_soon_threadsafe(controller.forget, key)
+            controller.forget(key)
         else:
-            loop.call_soon_threadsafe(controller.touch, key)
+            controller.touch(key)
 
     def child_event(type_: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         job = (meta.get("labels") or {}).get(builders.LABEL_JOB)
         if job:
-            loop.call_soon_threadsafe(controller.touch, (str(meta.get("namespace", "")), job))
+            controller.touch((str(meta.get("namespace", "")), job))
 
     def pod_event(type_: str, pod: dict[str, Any]) -> None:
         cluster.pod_seen(type_, pod)
@@ -355,20 +370,16 @@ def identity() -> str:
     return os.environ.get("POD_ID") or f"{socket.gethostname()}-{os.getpid()}"
 
 
-async def serve(controller: Controller, api: apiserver.Api, cluster: kube.KubeCluster) -> None:
-    """Watches, works (while this replica leads) and answers probes until SIGTERM or SIGINT."""
+def serve(controller: Controller, api: apiserver.Api, cluster: kube.KubeCluster) -> None:
+    """Watches, works (while this replica leads) and answers probes until SIGTERM or SIGINT;
+    runs in the main thread (where signal handlers are set)."""
     options = controller.options
-    loop = asyncio.get_running_loop()
-    stopping = asyncio.Event()
+    stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stopping.set)
-    watches = informers(api, controller, cluster, loop)
+        signal.signal(signum, lambda *_: stopping.set())
+    watches = informers(api, controller, cluster)
     cluster.pods_watched = lambda: all(i.synced.is_set() for i in watches["pods"])
-
-    def gone(namespace: str, name: str) -> None:  # a child of the job read as there is gone
-        loop.call_soon_threadsafe(controller.touch, (namespace, name))
-
-    cluster.on_gone = gone
+    cluster.on_gone = lambda namespace, name: controller.touch((namespace, name))
     leader = None
     if options.peering is not None:
         leader = lease.Leader(
@@ -392,15 +403,16 @@ async def serve(controller: Controller, api: apiserver.Api, cluster: kube.KubeCl
         options.workers,
         f", as {identity()} among the replicas of Lease {options.peering}" if leader else "",
     )
-    await stopping.wait()
+    while not stopping.wait(1.0):  # a timeout: so the main thread runs the signal handlers
+        pass
     log.info("jaxps operator: stopping")
     if health is not None:
         health.shutdown()
     for watch in (w for ws in watches.values() for w in ws):
         watch.stop()
     if leader is not None:
-        await asyncio.to_thread(leader.stop)
-    await controller.stop()
+        leader.stop()
+    controller.stop()
 
 
 def run(options: Options) -> None:
@@ -429,4 +441,4 @@ def run(options: Options) -> None:
     # full collection walks only what the watches and passes made (it walked every module's
     # objects too, tens of milliseconds added to whichever pass it fell in).
     gc.freeze()
-    asyncio.run(serve(controller, api, cluster))
+    serve(controller, api, cluster)

@@ -1,7 +1,7 @@
 """The Kubernetes adapter of the `Cluster` port: the API server, through `apiserver.Api`.
 
-Every call here blocks on the network, so the controller only makes them from worker threads,
-never on its event loop. Creating an object that already exists (409) and deleting one that
+Every call here blocks on the network: the controller makes them from its worker threads, never
+from a watch's thread. Creating an object that already exists (409) and deleting one that
 is gone (404) count as success: children have deterministic names and a pass may be repeated.
 A task's progress is read from its pod IP and its container port named `metrics`; its final
 summary is its container's termination message.

@@ -7,13 +7,19 @@ that fails is tried again after a delay that grows with each failure of that key
 with jitter so that keys failing together do not come back together: tenacity's
 `wait_exponential_jitter`), up to a cap; a pass that succeeds, or the job's deletion, resets it.
 
-Not thread-safe: the event loop alone calls it (passes run in threads, their outcomes come back
-to the loop).
+Thread-safe, as client-go's is: the watch threads add keys and the worker threads take them,
+one lock and one wake-up between an event and its pass (through an event loop it was two hops,
+the loop's and a thread pool's, half a millisecond of a pod's phase reaching the job's
+status). A worker waiting in `get` also fires the timers that are due; `shut_down` wakes every
+worker with None.
 """
 
 from __future__ import annotations
 
-import asyncio
+import heapq
+import threading
+import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import tenacity
@@ -64,68 +70,105 @@ class WorkQueue:
 
     def __init__(self, backoff: Backoff | None = None) -> None:
         self.backoff = backoff or Backoff()
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._queue: deque[Key] = deque()
         self._pending: set[Key] = set()
         self._active: set[Key] = set()
         self._again: set[Key] = set()
-        self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
+        self._timers: dict[Key, float] = {}  # key -> when its timer fires (time.monotonic)
+        self._heap: list[tuple[float, Key]] = []  # the timers, stale entries included
+        self._shut = False
 
     def __len__(self) -> int:
-        return len(self._pending)
+        with self._lock:
+            return len(self._pending)
 
     def add(self, key: Key) -> None:
+        with self._lock:
+            self._add(key)
+
+    def _add(self, key: Key) -> None:
         if key in self._active:
             self._again.add(key)
         elif key not in self._pending:
             self._pending.add(key)
-            self._queue.put_nowait(key)
+            self._queue.append(key)
+            self._ready.notify()
 
     def add_after(self, key: Key, delay: float) -> None:
         """Adds `key` in `delay` seconds, unless an earlier timer is already set."""
-        loop = asyncio.get_running_loop()
-        due = loop.time() + max(delay, 0.0)
-        current = self._timers.get(key)
-        if current is not None and current[0] <= due and not current[1].cancelled():
-            return
-        if current is not None:
-            current[1].cancel()
-
-        def fire() -> None:
-            self._timers.pop(key, None)
-            self.add(key)
-
-        self._timers[key] = (due, loop.call_at(due, fire))
+        due = time.monotonic() + max(delay, 0.0)
+        with self._lock:
+            current = self._timers.get(key)
+            if current is not None and current <= due:
+                return
+            self._timers[key] = due
+            heapq.heappush(self._heap, (due, key))
+            self._ready.notify()  # a waiting worker waits until this timer at most
 
     def retry(self, key: Key) -> float:
         """Adds `key` again after its pass failed, once its backoff delay is over (an earlier
         timer still wins); the delay."""
-        delay = self.backoff.failed(key)
+        with self._lock:
+            delay = self.backoff.failed(key)
         self.add_after(key, delay)
         return delay
 
     def succeeded(self, key: Key) -> None:
         """`key`'s pass succeeded: its next failure starts the backoff over."""
-        self.backoff.reset(key)
+        with self._lock:
+            self.backoff.reset(key)
 
     def forget(self, key: Key) -> None:
         """The job is gone: no timer for it, no failures remembered."""
-        timer = self._timers.pop(key, None)
-        if timer is not None:
-            timer[1].cancel()
-        self.backoff.reset(key)
+        with self._lock:
+            self._timers.pop(key, None)  # its heap entry is stale now: skipped when due
+            self.backoff.reset(key)
 
-    async def get(self) -> Key:
-        key = await self._queue.get()
-        self._pending.discard(key)
-        self._active.add(key)
-        return key
+    def get(self, timeout: float | None = None) -> Key | None:
+        """The next key, marked active until `done`; None once shut down, or after `timeout`
+        seconds with nothing to hand out."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while not self._shut:
+                now = self._fire(time.monotonic())
+                if self._queue:
+                    key = self._queue.popleft()
+                    self._pending.discard(key)
+                    self._active.add(key)
+                    return key
+                wake = self._heap[0][0] if self._heap else None
+                if deadline is not None:
+                    if now >= deadline:
+                        return None
+                    wake = deadline if wake is None else min(wake, deadline)
+                self._ready.wait(None if wake is None else max(wake - now, 0.0))
+            return None
+
+    def _fire(self, now: float) -> float:
+        """Adds the keys whose timers are due (the lock held); `now`."""
+        while self._heap and self._heap[0][0] <= now:
+            due, key = heapq.heappop(self._heap)
+            if self._timers.get(key) == due:  # else replaced by an earlier one, or forgotten
+                del self._timers[key]
+                self._add(key)
+        return now
 
     def done(self, key: Key) -> None:
-        self._active.discard(key)
-        if key in self._again:
-            self._again.discard(key)
-            self.add(key)
+        with self._lock:
+            self._active.discard(key)
+            if key in self._again:
+                self._again.discard(key)
+                self._add(key)
+
+    def shut_down(self) -> None:
+        """Every `get`, waiting or to come, answers None."""
+        with self._lock:
+            self._shut = True
+            self._ready.notify_all()
 
     def tracked(self) -> set[Key]:
         """Every key queued, in a pass, or waiting on a timer."""
-        return set(self._timers) | self._pending | self._active
+        with self._lock:
+            return set(self._timers) | self._pending | self._active
