@@ -79,7 +79,9 @@ def _counts(
             c["ready"] += p.phase == "Running" and p.ready
             c["succeeded"] += p.phase == "Succeeded"
             c["failed"] += p.phase == "Failed"
-    return counts
+    # a count of 0 is left out, as Kubernetes' own statuses do (omitempty): every field a job
+    # holds makes each write of it cost the API server more CPU
+    return {role: {k: n for k, n in c.items() if n} for role, c in counts.items()}
 
 
 def plan(
@@ -117,14 +119,16 @@ def plan(
     body["observedGeneration"] = generation
     body["replicaStatuses"] = _counts(job, observed=observed, previous=body)
     total = sum(builders.replicas(job).values())
-    ready = sum(c["ready"] for c in body["replicaStatuses"].values())
+    ready = sum(c.get("ready", 0) for c in body["replicaStatuses"].values())
     body["readyReplicas"] = f"{ready}/{total}"
     body.setdefault("restarts", 0)
     chief = chief_pod(job, observed)
     if chief is not None:
-        body["progress"] = progress.update(
+        made = progress.update(
             body.get("progress") or {}, chief=chief, metrics=metrics or {}, now=now
         )
+        if made:  # none before the chief's first metrics: no empty object stored
+            body["progress"] = made
     name = job["metadata"]["name"]
     if not body.get("conditions"):
         status.mark("Created", True, "JobCreated", f"TrainingJob {name} created: {total} pods")

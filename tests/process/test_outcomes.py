@@ -222,7 +222,7 @@ def test_a_model_whose_evaluate_raises_on_the_chief_fails_the_job_at_once(tmp_pa
     assert "the model's evaluate raised ArithmeticError: faulty evaluate" in message
     assert f"{FAULTY_FILE}:{faulty.EVALUATE_RAISES_LINE} in evaluate" in message, message
     assert run.status["restarts"] == 0, run.logs()
-    assert run.status["replicaStatuses"]["chief"]["restarts"] == 0
+    assert "restarts" not in run.status["replicaStatuses"]["chief"]  # 0: left out
     assert run.job_seconds() < wait / 2, run.logs()
     for worker in ("worker-0", "worker-1"):
         assert "the chief has not answered" not in run.log(worker), run.logs()

@@ -205,7 +205,7 @@ def test_a_scale_down_drains_the_highest_indexes_never_counting_them_as_failures
     assert after.delete == []
     assert after.create == []
     assert after.status["restarts"] == 0
-    assert after.status["replicaStatuses"]["worker"]["failed"] == 0
+    assert "failed" not in after.status["replicaStatuses"]["worker"]  # 0: left out
     assert cond(after.status, "Failed") is None
     assert after.status["state"] == "Running"
     gone = step(j, running[:-3])

@@ -113,7 +113,8 @@ def on_failure(job: Mapping[str, Any], pod: PodState, *, status: Status, plan: P
         )
         return
     body["restarts"] += 1
-    body["replicaStatuses"][pod.role]["restarts"] += 1
+    counts = body["replicaStatuses"][pod.role]
+    counts["restarts"] = counts.get("restarts", 0) + 1
     plan.delete.append(pod.name)
     plan.replaced.append((pod.role, pod.index))
     status.event(
