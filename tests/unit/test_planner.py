@@ -708,8 +708,8 @@ def test_a_waiting_pod_says_why_in_pods_ready_and_one_warning_per_change(
 
 
 def test_pods_that_start_one_by_one_post_no_warning_each() -> None:
-    """How many more pods wait is in PodsReady's message, not a new Event each time it
-    changes (a job starting its pods one by one posted one per pod)."""
+    """Which pod waits longest and how many more wait are in PodsReady's message, not a new
+    Event each time they change (a job starting its pods one by one posted one per pod)."""
     j = job(workers=4)
     step(j, [])
 
@@ -740,9 +740,29 @@ def test_pods_that_start_one_by_one_post_no_warning_each() -> None:
     assert ready is not None
     assert ready["message"].endswith("(and 1 more pods wait)")
     assert [e for e in fewer.events if e.type == "Warning"] == []
-    other = step(j, stuck({"tj-worker-2"}), NOW + timedelta(seconds=12))  # another pod: said
-    assert [e.message for e in other.events if e.type == "Warning"] == [
-        f"pod tj-worker-2 (worker 2) waits: Unschedulable: {UNSCHEDULABLE}"
+    other = step(j, stuck({"tj-worker-2"}), NOW + timedelta(seconds=12))  # worker 1 started
+    ready = cond(other.status, "PodsReady")
+    assert ready is not None
+    assert ready["message"] == f"pod tj-worker-2 (worker 2) waits: Unschedulable: {UNSCHEDULABLE}"
+    assert [e for e in other.events if e.type == "Warning"] == []  # the same reason and words
+    pull = "Back-off pulling image"
+    image = [
+        PodState(
+            p.name,
+            p.role,
+            p.index,
+            "Pending",
+            waiting_reason="ImagePullBackOff",
+            waiting_message=pull,
+            created=NOW,
+        )
+        if p.name == "tj-worker-2"
+        else p
+        for p in pods(j)
+    ]
+    changed = step(j, image, NOW + timedelta(seconds=13))  # another reason: said
+    assert [e.message for e in changed.events if e.type == "Warning"] == [
+        f"pod tj-worker-2 (worker 2) waits: ImagePullBackOff: {pull}"
     ]
 
 

@@ -4,8 +4,8 @@ A Pending pod that waits for a reason (the scheduler's PodScheduled=False, `Unsc
 nodes are available: 1 Insufficient cpu`; or its container's waiting reason, ErrImagePull,
 ImagePullBackOff, CreateContainerConfigError) makes the job's PodsReady condition False with
 that reason and a message naming the pod and the scheduler's (or kubelet's) words, and posts a
-Warning Event once per change of what it says, how many more pods wait aside (a job whose pods
-start one by one posted one per pod, each a write on the API server). With
+Warning Event once per change of why pods wait, not of which one waits longest or how many more
+do (a job whose pods start one by one posted one per pod, each a write on the API server). With
 `scheduleTimeoutSeconds` set, the job fails with that reason once a pod has waited that long
 since it was created; a timer asks for that pass, so it fires without another event. A worker
 the job can do without (not worker 0 acting as chief, and at least `minReplicas` other workers
@@ -30,12 +30,13 @@ QUIET_SECONDS = 5.0
 image being pulled (the scheduler says Unschedulable for the second a fresh claim is unbound)."""
 
 
-_MORE = re.compile(r" \(and \d+ more pods wait\)")
+_WHICH = re.compile(r"^pod \S+ \([^)]*\) waits: | \(and \d+ more pods wait\)")
 
 
 def _told(message: str) -> str:
-    """What an Event about a waiting pod says, how many more pods wait aside."""
-    return _MORE.sub("", message)
+    """What an Event about waiting pods tells: why they wait, not which pod waits longest nor
+    how many more do (both change as the pods start one by one)."""
+    return _WHICH.sub("", message)
 
 
 def waiting(pods: Iterable[PodState], *, now: datetime) -> list[PodState]:
