@@ -34,6 +34,7 @@ COMMANDS = (
     "recovery.py",
     "recovery.py --kubernetes",
     "operator.py --baseline kubeflow",
+    "status_write.py",
     f"vs_tensorflow.py --tf-python {TF_PYTHON} --rounds 3",
 )
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
