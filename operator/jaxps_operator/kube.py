@@ -303,7 +303,7 @@ class KubeCluster:
         if kept is None:
             return None
         if due:
-            self.reads.submit(self._recheck, {"metadata": dict(meta), "spec": job.get("spec")})
+            self.reads.submit(self._recheck, {"metadata": dict(meta)})  # all its reads need
         return kept[1]
 
     def _recheck(self, job: Mapping[str, Any]) -> None:
@@ -350,7 +350,7 @@ class KubeCluster:
             return (
                 self._secret_keys(namespace, builders.secret_name(job)),
                 policy(),
-                (self.service_exists(namespace, name)),
+                self.service_exists(namespace, name),
             )
         secret = self.reads.submit(self._secret_keys, namespace, builders.secret_name(job))
         network_policy = self.reads.submit(policy)
