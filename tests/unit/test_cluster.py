@@ -430,3 +430,18 @@ def test_direct_construction_is_validated() -> None:
         spec.address(cluster.TaskSpec("worker", 3))
     with pytest.raises(cluster.ClusterSpecError, match=r"role: got \"master\""):
         spec.addresses("master")
+
+
+def test_free_ports_are_distinct_free_and_below_the_ephemeral_range() -> None:
+    """Below the kernel's ephemeral range no outgoing connection can be given one of them
+    before its task binds it (one was: "Address already in use")."""
+    import socket
+    from pathlib import Path
+
+    ports = cluster.free_ports(64)
+    assert len(set(ports)) == 64
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert all(cluster.PORTS_FROM <= p < low for p in ports)
+    for port in ports[:8]:  # free: each binds
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))

@@ -18,10 +18,12 @@ import argparse
 import ipaddress
 import json
 import os
+import random
 import re
 import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, NoReturn
 
@@ -423,12 +425,35 @@ def _ip_address(value: str) -> bool:
     return True
 
 
+PORTS_FROM = 10_000  # the lowest port `free_ports` hands out
+EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_ports(count: int) -> list[int]:
-    """`count` distinct ports the kernel hands out now on 127.0.0.1 (every socket stays bound
-    until all are picked): the addresses of a cluster on this machine."""
-    socks = []
+    """`count` distinct ports free now on 127.0.0.1 (every socket stays bound until all are
+    picked): the addresses of a cluster on this machine. Picked at random below the kernel's
+    ephemeral range, where no outgoing connection and no other process's port-0 bind can be
+    given one before its task binds it (a port the kernel handed out was, now and then, taken
+    in between: a task failed with "Address already in use"); the kernel's own pick where
+    too few are free there."""
     try:
-        for _ in range(count):
+        low = int(EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32_768
+    candidates = random.sample(range(PORTS_FROM, low), min(max(low - PORTS_FROM, 0), 32 * count))
+    socks: list[socket.socket] = []
+    try:
+        for port in candidates:
+            if len(socks) == count:
+                break
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use (or in TIME_WAIT): another
+                s.close()
+                continue
+            socks.append(s)
+        while len(socks) < count:
             s = socket.socket()
             s.bind(("127.0.0.1", 0))
             socks.append(s)
