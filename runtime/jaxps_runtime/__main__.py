@@ -4,7 +4,7 @@ The task comes from TF_CONFIG (TensorFlow's format) or from TF1's flags
 (--ps_hosts --worker_hosts [--chief_hosts --evaluator_hosts] --job_name --task_index); the job's
 identity from JAXPS_JOB_UID (or JAXPS_JOB_NAME). Exit codes: 0 done, 1 failed, 2 a usage error
 (TF_CONFIG, the flags, JAXPS_LOG_LEVEL, JAXPS_METRICS_PORT, JAXPS_METRICS_ADDRESS,
-JAXPS_PS_XLA_THREADS), 78 an
+JAXPS_PS_XLA_THREADS, JAXPS_XLA_THREADS), 78 an
 invalid training configuration (`config.EXIT_INVALID_TRAINING`: the control plane fails the job
 at once; the problems are in the termination log, see `roles`), 128 + N stopped by signal N
 (143 for SIGTERM, 130 for SIGINT; a ps exits 0, see `server`).
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from jaxps_runtime.config import cluster
-from jaxps_runtime.process import keeper, stopping
+from jaxps_runtime.process import keeper, stopping, xla
 from jaxps_runtime.process import standby as standby_process
 from jaxps_runtime.ps import start
 from jaxps_runtime.wire.credentials import CredentialsError, Identity, TaskCredentials
@@ -119,8 +119,8 @@ def main(argv: Sequence[str] | None = None, *, loaded: bool = False) -> int:
         return standby(argv)
     args, rest = _arguments(argv)
     try:
-        _check_settings(args, os.environ)
         config = task_config(rest, os.environ)
+        _check_settings(args, os.environ, task_type=config.task.type)
     except cluster.ClusterSpecError as err:
         print(f"jaxps_runtime: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -167,6 +167,9 @@ def main(argv: Sequence[str] | None = None, *, loaded: bool = False) -> int:
             stop=stop,
             credentials=credentials,
         )
+    threads = cluster.xla_threads(os.environ, task_type=task.type)  # checked: _check_settings
+    if threads is not None:  # before anything starts XLA's CPU backend
+        xla.start_cpu_backend(threads)
     # Imported here: jax must see XLA_FLAGS first, and `--help` and errors stay fast.
     from jaxps_runtime import roles  # noqa: PLC0415
 
@@ -182,15 +185,20 @@ def main(argv: Sequence[str] | None = None, *, loaded: bool = False) -> int:
     )
 
 
-def _check_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
-    """Every role's settings from the environment; a ClusterSpecError names the first wrong."""
+def _check_settings(
+    args: argparse.Namespace, environ: Mapping[str, str], *, task_type: str
+) -> None:
+    """The settings from the environment that a task of `task_type` reads (a ps's own are
+    checked by `start.prepare`); a ClusterSpecError names the first wrong."""
     settings = {"JAXPS_BULK": environ.get("JAXPS_BULK", "on")}
     if args.log_level not in cluster.LOG_LEVELS:  # argparse checks the flag, not its default
         settings["JAXPS_LOG_LEVEL"] = environ.get("JAXPS_LOG_LEVEL", "")
     if "JAXPS_METRICS_ADDRESS" in environ:  # from valueFrom, unseen by the control plane
         settings["JAXPS_METRICS_ADDRESS"] = environ["JAXPS_METRICS_ADDRESS"]
+    if cluster.XLA_THREADS_ENV in environ:  # a ps has its own, and reads no other
+        settings[cluster.XLA_THREADS_ENV] = environ[cluster.XLA_THREADS_ENV]
     for name, value in settings.items():
-        problem = cluster.setting_problem(name, value, task_type="")
+        problem = cluster.setting_problem(name, value, task_type=task_type)
         if problem:
             raise cluster.ClusterSpecError(problem)
 

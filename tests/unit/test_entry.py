@@ -31,6 +31,16 @@ def test_the_log_level_from_the_environment_may_be_in_any_case(
             "ps",
             'JAXPS_BULK: got "sometimes"; expected on (the default',
         ),
+        (
+            ("JAXPS_XLA_THREADS", "0"),
+            "worker",
+            'JAXPS_XLA_THREADS: got "0"; expected a thread count >= 1',
+        ),
+        (
+            ("JAXPS_PS_XLA_THREADS", "all"),
+            "ps",
+            'JAXPS_PS_XLA_THREADS: got "all"; expected a thread count >= 1',
+        ),
     ],
 )
 def test_a_bad_setting_in_the_environment_is_a_usage_error_naming_it(
@@ -66,3 +76,13 @@ def test_the_bulk_path_is_on_unless_turned_off(environ: dict[str, str], on: bool
 def test_a_bad_metrics_port_is_a_usage_error_naming_it(port: str) -> None:
     with pytest.raises(cluster.ClusterSpecError, match="JAXPS_METRICS_PORT: got"):
         main._metrics_port({"JAXPS_METRICS_PORT": port})
+
+
+@pytest.mark.parametrize(("role", "threads"), [("ps", "many"), ("worker", "2")])
+def test_xla_threads_are_read_by_the_roles_they_are_for(role: str, threads: str) -> None:
+    """JAXPS_XLA_THREADS is a worker's, chief's or evaluator's (a ps reads its own): a ps is
+    not refused for it, and a count is taken as it is."""
+    assert cluster.setting_problem("JAXPS_XLA_THREADS", threads, task_type=role) is None
+    assert cluster.xla_threads({"JAXPS_XLA_THREADS": "2"}, task_type="worker") == 2
+    assert cluster.xla_threads({"JAXPS_XLA_THREADS": "2"}, task_type="ps") == 1  # not a ps's
+    assert cluster.xla_threads({}, task_type="chief") is None

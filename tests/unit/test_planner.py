@@ -429,7 +429,14 @@ def with_env(j: dict[str, Any], role: str, env: list[dict[str, Any]]) -> dict[st
 
 def test_a_template_setting_a_value_the_runtime_refuses_fails_the_job_before_any_pod() -> None:
     j = with_env(
-        with_env(job(), "worker", [{"name": "JAXPS_LOG_LEVEL", "value": "LOUD"}]),
+        with_env(
+            job(),
+            "worker",
+            [
+                {"name": "JAXPS_LOG_LEVEL", "value": "LOUD"},
+                {"name": "JAXPS_XLA_THREADS", "value": "half"},
+            ],
+        ),
         "ps",
         [{"name": "OTHER", "value": "x"}, {"name": "JAXPS_PS_XLA_THREADS", "value": "0"}],
     )
@@ -446,6 +453,10 @@ def test_a_template_setting_a_value_the_runtime_refuses_fails_the_job_before_any
         "spec.replicaSpecs.ps.template.spec.containers[0].env[1].value: JAXPS_PS_XLA_THREADS: "
         'got "0"' in failed["message"]
     )
+    assert (
+        "spec.replicaSpecs.worker.template.spec.containers[0].env[1].value: JAXPS_XLA_THREADS: "
+        'got "half"' in failed["message"]
+    )
 
 
 def test_template_settings_the_runtime_takes_start_the_pods() -> None:
@@ -460,9 +471,13 @@ def test_template_settings_the_runtime_takes_start_the_pods() -> None:
             },
         ],
     )
-    # a worker does not read JAXPS_PS_XLA_THREADS: nothing to refuse there
-    j["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["env"].append(
-        {"name": "JAXPS_PS_XLA_THREADS", "value": "many"}
+    # a worker does not read JAXPS_PS_XLA_THREADS, nor a ps JAXPS_XLA_THREADS: nothing to refuse
+    j["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["env"] += [
+        {"name": "JAXPS_PS_XLA_THREADS", "value": "many"},
+        {"name": "JAXPS_XLA_THREADS", "value": "4"},
+    ]
+    j["spec"]["replicaSpecs"]["ps"]["template"]["spec"]["containers"][0]["env"].append(
+        {"name": "JAXPS_XLA_THREADS", "value": "many"}
     )
     result = step(j, [], service_exists=False)
     assert cond(result.status, "Failed") is None

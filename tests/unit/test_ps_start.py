@@ -5,9 +5,11 @@ replacement finds it."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -162,35 +164,47 @@ def test_a_ps_tunes_malloc_to_keep_what_it_frees_unless_the_user_tuned_it() -> N
         assert main._ps_malloc({name: "x"}) is False
 
 
-def test_a_ps_updates_single_threaded_by_default_and_keeps_the_users_xla_flags() -> None:
-    environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
-    main._ps_xla_threads(environ)
-    assert environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/x --xla_cpu_multi_thread_eigen=false"
-    more = {"JAXPS_PS_XLA_THREADS": "4"}
-    main._ps_xla_threads(more)
-    assert "XLA_FLAGS" not in more  # XLA's own multi-threaded pool
+def test_a_ps_updates_on_one_xla_thread_unless_told_otherwise() -> None:
+    assert cluster.xla_threads({}, task_type="ps") == 1
+    assert cluster.xla_threads({"JAXPS_PS_XLA_THREADS": "4"}, task_type="ps") == 4
+    # GLIBC_TUNABLES: the user tuned malloc, so this process's malloc is left as it was
+    environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/x", "GLIBC_TUNABLES": ""}
+    main.prepare(environ, training_file=None)
+    assert environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/x"  # the user's, and nothing added
 
 
 @pytest.mark.parametrize("threads", ["0", "-1", "two", "", "²", "1.5"])
 def test_a_bad_ps_thread_count_is_refused_naming_the_variable(threads: str) -> None:
-    with pytest.raises(
-        cluster.ClusterSpecError,
-        match=re.escape(f"JAXPS_PS_XLA_THREADS: got {json.dumps(threads)}"),
-    ):
-        main._ps_xla_threads({"JAXPS_PS_XLA_THREADS": threads})
+    calls: list[Callable[[dict[str, str]], object]] = [
+        lambda env: cluster.xla_threads(env, task_type="ps"),
+        lambda env: main.prepare(env, training_file=None),
+    ]
+    for call in calls:
+        with pytest.raises(
+            cluster.ClusterSpecError,
+            match=re.escape(f"JAXPS_PS_XLA_THREADS: got {json.dumps(threads)}"),
+        ):
+            call({"JAXPS_PS_XLA_THREADS": threads, "GLIBC_TUNABLES": ""})
 
 
-@pytest.mark.parametrize("threads", ["1", "3"])
-def test_xla_starts_with_the_flags_a_ps_sets(threads: str) -> None:
-    """XLA aborts the process on XLA_FLAGS it cannot read (a first token without `--` is taken
-    for a file of flags): what the ps sets must load and run."""
+@pytest.mark.parametrize("threads", [1, 2, 64])
+def test_xla_starts_with_the_intra_op_threads_asked_and_every_thread_may_use_every_cpu(
+    threads: int,
+) -> None:
+    """XLA sizes its pool from the starting thread's CPUs (no flag does it); each of its
+    threads, and the thread that started it, may then run on any CPU the process may."""
     code = (
         "import os\n"
-        f"os.environ['JAXPS_PS_XLA_THREADS'] = {threads!r}\n"
-        "os.environ.pop('XLA_FLAGS', None)\n"
-        "from jaxps_runtime.ps import start as m\n"
-        "m._ps_xla_threads(os.environ)\n"
+        "from jaxps_runtime.process import xla\n"
+        f"xla.start_cpu_backend({threads})\n"
         "import jax\n"
-        "print(int(jax.jit(lambda x: x + 1)(41)))"
+        "assert int(jax.jit(lambda x: x + 1)(41)) == 42\n"
+        "tasks = os.listdir('/proc/self/task')\n"
+        "names = [open(f'/proc/self/task/{t}/comm').read().strip() for t in tasks]\n"
+        "cpus = {len(os.sched_getaffinity(int(t))) for t in tasks}\n"
+        "print(names.count('tf_XLAEigen'), sorted(cpus))"
     )
-    assert imports.run(code).splitlines()[-1] == "42"
+    pool, cpus = imports.run(code).splitlines()[-1].split(" ", 1)
+    allowed = len(os.sched_getaffinity(0))
+    assert int(pool) == min(threads, allowed)
+    assert cpus == f"[{allowed}]"

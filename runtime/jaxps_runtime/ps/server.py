@@ -28,7 +28,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from jaxps_runtime.config import cluster
-from jaxps_runtime.process import stopping
+from jaxps_runtime.process import stopping, xla
 from jaxps_runtime.wire import bulk, rpc
 from jaxps_runtime.wire.credentials import TaskCredentials
 
@@ -157,6 +157,8 @@ class PsServer:
         from jaxps_runtime.ps.servicer import ParameterServicer  # noqa: PLC0415
         from jaxps_runtime.ps.store import ParameterStore  # noqa: PLC0415
 
+        # before any update compiles; a ps's count is always set (1 by default)
+        xla.start_cpu_backend(cluster.xla_threads(os.environ, task_type=cluster.PS) or 1)
         self.store = store = ParameterStore(job_id=self.job_id, task=self.task)
         servicer = ParameterServicer(store, on_shutdown=self.stop)
         if cluster.bulk_on(os.environ):

@@ -2,10 +2,10 @@
 standby ps that loads everything ahead and waits to become one.
 
 A restarted ps is what every other task waits for, so its start is short: `prepare` tunes the
-process (malloc, XLA's threads, the compilation cache) through the environment JAX reads as it
-loads, and the server then listens before it imports JAX (`server`). Standard library only at
-import: a ps listens before it imports jax, optax, yaml or prometheus_client
-(tests/unit/test_ps_start.py).
+process (malloc, the compilation cache) through the environment JAX reads as it loads, and the
+server then listens before it imports JAX (`server`), whose CPU backend it starts with the
+ps's intra-op threads (`cluster.xla_threads`). Standard library only at import: a ps listens
+before it imports jax, optax, yaml or prometheus_client (tests/unit/test_ps_start.py).
 """
 
 from __future__ import annotations
@@ -22,14 +22,16 @@ from typing import IO
 
 from jaxps_runtime.config import cluster
 from jaxps_runtime.process import standby as standby_process
+from jaxps_runtime.process import xla
 
 
 def prepare(environ: MutableMapping[str, str], *, training_file: Path | None) -> None:
-    """Sets up a ps process before JAX loads: malloc that keeps what a ps frees, XLA updates
-    single-threaded, the compilation cache in the job's checkpoint directory. Raises
-    `cluster.ClusterSpecError` for a bad JAXPS_PS_XLA_THREADS."""
+    """Sets up a ps process before JAX loads: malloc that keeps what a ps frees, the
+    compilation cache in the job's checkpoint directory. Raises `cluster.ClusterSpecError` for
+    a bad JAXPS_PS_XLA_THREADS."""
+    # refused at start (before anything changes), not once listening
+    cluster.xla_threads(environ, task_type=cluster.PS)
     _ps_malloc(environ)
-    _ps_xla_threads(environ)
     _ps_compilation_cache(
         environ, training_file=training_file, training_env=environ.get("JAXPS_TRAINING")
     )
@@ -50,11 +52,9 @@ def standby(*, training_file: Path | None, stdin: IO[str]) -> bool:
     it cannot take.
     """
     prepare(os.environ, training_file=training_file)
-    import jax  # noqa: PLC0415
-
     from jaxps_runtime.ps import server  # noqa: F401, PLC0415
 
-    jax.devices()  # the CPU backend, with the ps's XLA_FLAGS
+    xla.start_cpu_backend(cluster.xla_threads(os.environ, task_type=cluster.PS) or 1)
     line = stdin.readline()
     if not line.strip():
         return False
@@ -67,28 +67,6 @@ def standby(*, training_file: Path | None, stdin: IO[str]) -> bool:
         os.close(out)
     os.environ.update(assignment["env"])
     return True
-
-
-def _ps_xla_threads(environ: MutableMapping[str, str]) -> None:
-    """Runs a ps's XLA updates single-threaded unless JAXPS_PS_XLA_THREADS > 1, before jax loads.
-
-    A ps's updates are element-wise and overlap with receiving the next shard; XLA's own
-    intra-op threads then only compete with gRPC's threads for the cores. Measured with
-    bench/transport.py on 2 cores: 64 MiB push through 1 ps 640 -> 1090 MB/s.
-
-    XLA has no flag for a thread count (it sizes its pool from the CPUs the process may run
-    on), so any count above 1 means XLA's multi-threaded default. Every token added to XLA_FLAGS
-    is a `--flag`: XLA reads a first token without `--` as a file of flags and aborts the
-    process when there is none.
-    """
-    threads = environ.get("JAXPS_PS_XLA_THREADS", "1")
-    problem = cluster.setting_problem("JAXPS_PS_XLA_THREADS", threads, task_type=cluster.PS)
-    if problem:
-        raise cluster.ClusterSpecError(problem)
-    if int(threads) == 1:
-        environ["XLA_FLAGS"] = (
-            f"{environ.get('XLA_FLAGS', '')} --xla_cpu_multi_thread_eigen=false".strip()
-        )
 
 
 MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
