@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import kubeflow
 import results
 from kubernetes import client, config
 
@@ -114,17 +115,7 @@ def training_job(name: str, run: str) -> dict[str, Any]:
 
 
 def tf_job(name: str, run: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "TFJob",
-        "metadata": {"name": name},
-        "spec": {
-            "tfReplicaSpecs": {
-                kind: {"replicas": n, "restartPolicy": "Never", "template": template(run)}
-                for kind, n in zip(("Chief", "PS", "Worker"), ROLES.values(), strict=True)
-            }
-        },
-    }
+    return kubeflow.tf_job(name, roles=ROLES, template=template(run))
 
 
 def batch_job(name: str, run: str) -> dict[str, Any]:
@@ -473,10 +464,7 @@ def process(
             proc.wait()
 
 
-def tool(*argv: str) -> str:
-    return subprocess.run(
-        [str(ROOT / "hack" / "control-plane.sh"), *argv], capture_output=True, text=True, check=True
-    ).stdout.strip()
+tool = kubeflow.control_plane
 
 
 def start_jaxps(stack: ExitStack, kubeconfig: Path, tmp: Path, namespace: str) -> int:

@@ -26,7 +26,6 @@ Printed: the median and p90 time of a write, and kube-apiserver's CPU per write 
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import statistics
 import subprocess
@@ -38,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import kubeflow
 import results
 import yaml
 
@@ -66,17 +66,7 @@ def training_job(name: str) -> dict[str, Any]:
 
 def tf_job(name: str) -> dict[str, Any]:
     template = {"spec": {"containers": [{"name": "tensorflow", "image": "busybox"}]}}
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "TFJob",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "tfReplicaSpecs": {
-                kind: {"replicas": n, "restartPolicy": "Never", "template": template}
-                for kind, n in zip(("Chief", "PS", "Worker"), ROLES.values(), strict=True)
-            }
-        },
-    }
+    return kubeflow.tf_job(name, roles=ROLES, template=template, namespace=NAMESPACE)
 
 
 def tf_status(workers: int) -> dict[str, Any]:
@@ -137,12 +127,7 @@ def main() -> int:
     subprocess.run(
         [str(ROOT / "hack" / "control-plane.sh"), "kubeflow"], check=True, stdout=sys.stderr
     )
-    kubeflow_dir = subprocess.run(
-        [str(ROOT / "hack" / "control-plane.sh"), "kubeflow-dir"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    kubeflow_dir = kubeflow.control_plane("kubeflow-dir")
     with tempfile.TemporaryDirectory(prefix="jaxps-bench-status-") as name, ExitStack() as stack:
         state = Path(name) / "cluster"
         cluster = [sys.executable, str(ROOT / "hack" / "cluster.py")]
@@ -192,7 +177,7 @@ def main() -> int:
                         ours.replace_job_status({**current, "status": statuses[i % 2]})
                     else:
                         tf["status"] = tf_status(3 + i % 2)
-                        tf = api.call("PUT", f"{tf_path}/tf/status", body=copy.deepcopy(tf))
+                        tf = api.call("PUT", f"{tf_path}/tf/status", body=tf)
                     times[party].append(time.perf_counter() - started)
                 cpu[party] += cpu_seconds(server) - before
         stored = {
