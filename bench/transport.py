@@ -8,12 +8,20 @@ buffer and `recv_into`s another, nothing else; `ratio` = jaxps MB/s / raw TCP MB
 a generic handler moving raw 1 MiB byte chunks into a preallocated array (push) or out of one
 (pull), with no protobuf at all. jaxps push includes applying the gradient on the ps (SGD).
 
+What mutual TLS costs the bulk path, and its floor: `sealed-records-…` moves the same buffer
+through the bulk path's AES-128-GCM records (`wire.bulk.sealed`, as after the TLS handover)
+against raw TCP, both ends' CPU milliseconds per MB (the sender's and the receiver's process
+together); `aes-gcm-…` is the sealing itself on one core, 1 MiB records, the same record
+again (in the cache) or record after record from memory, against a memory copy of as many
+bytes.
+
     python bench/transport.py [--repeats 5] [--mib 64]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import statistics
 import subprocess
@@ -30,12 +38,14 @@ sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests.process.ha
 import grpc
 import numpy as np
 import results
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from jaxps_runtime.client import placement
 from jaxps_runtime.client.psclient import PsClient
 from jaxps_runtime.config import cluster
 from jaxps_runtime.config import training as config
 from jaxps_runtime.wire import rpc
+from jaxps_runtime.wire.bulk import sealed
 from tests.process import harness
 
 CHUNK = 1 << 20
@@ -59,14 +69,16 @@ def timed_median(fn: Callable[[], None], *, repeats: int) -> float:
 # --- servers (run as `transport.py --serve-tcp/--serve-grpc PORT NBYTES`) --------------------
 
 
-def serve_tcp(port: int, nbytes: int) -> None:
-    """Reads NBYTES per connection into one buffer, answers one byte."""
+def serve_tcp(port: int, nbytes: int, *, seal: bool = False) -> None:
+    """Reads NBYTES per connection into one buffer, answers one byte; with `seal`, through the
+    bulk path's sealed records (`sealed_pair`'s server end)."""
     buf = bytearray(nbytes)
     view = memoryview(buf)
     with socket.create_server(("127.0.0.1", port)) as server:
         print("ready", flush=True)
         while True:
-            conn, _ = server.accept()
+            bare, _ = server.accept()
+            conn = sealed_end(bare, server=True) if seal else bare
             with conn:
                 got = 0
                 while got < nbytes:
@@ -113,6 +125,13 @@ def serve_grpc(port: int, nbytes: int) -> None:
     server.wait_for_termination()
 
 
+def sealed_end(bare: socket.socket, *, server: bool) -> sealed.Sealed:
+    """One end of a connection in the bulk path's AES-128-GCM records, under fixed keys (what
+    `sealed.hand_over` does once TLS has agreed them; the handshake is not what is measured)."""
+    keys = {True: AESGCM(b"s" * 16), False: AESGCM(b"c" * 16)}
+    return sealed.Sealed(bare, sealing=keys[server], opening=keys[not server])
+
+
 def start_server(kind: str, nbytes: int) -> tuple[subprocess.Popen[bytes], int]:
     port = cluster.free_ports(1)[0]
     proc = subprocess.Popen(
@@ -143,6 +162,73 @@ def measure_tcp(nbytes: int, repeats: int) -> float:
     finally:
         proc.kill()
         proc.wait()
+
+
+def process_cpu(pid: int) -> float:
+    """A process's CPU seconds so far, user and system (/proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_cpu_per_mb(nbytes: int, repeats: int, *, seal: bool) -> tuple[float, float]:
+    """CPU milliseconds per MB moved over loopback TCP, sender and receiver together, and MB/s:
+    a sender that `sendall`s one buffer per connection, a receiver that `recv_into`s one; with
+    `seal`, both in sealed records."""
+    proc, port = start_server("sealed" if seal else "tcp", nbytes)
+    payload = memoryview(np.ones(nbytes, np.uint8))
+    try:
+
+        def once() -> None:
+            with socket.create_connection(("127.0.0.1", port)) as bare:
+                conn = sealed_end(bare, server=False) if seal else bare
+                conn.sendall(payload)
+                conn.recv(1)
+
+        once()  # warm up
+        cpu = time.process_time(), process_cpu(proc.pid)
+        started = time.perf_counter()
+        for _ in range(repeats):
+            once()
+        seconds = time.perf_counter() - started
+        used = time.process_time() - cpu[0] + process_cpu(proc.pid) - cpu[1]
+        megabytes = nbytes * repeats / 1e6
+        return used / megabytes * 1e3, megabytes / seconds
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def aes_gcm_rates(nbytes: int) -> dict[str, float]:
+    """GB/s of sealing 1 MiB records (`cryptography`'s AESGCM, as the bulk path does): within
+    the cache (the same record again), and from `nbytes` of memory into one record buffer; and
+    of copying `nbytes` of memory (numpy) for scale."""
+    aead = AESGCM(b"k" * 16)
+    nonce = bytes(12)
+    source = np.ones(nbytes, np.uint8)
+    view = memoryview(source)
+    record = bytearray(CHUNK + 16)
+
+    def rate(fn: Callable[[], None], total: int) -> float:
+        fn()
+        started = time.process_time()
+        fn()
+        return total / (time.process_time() - started) / 1e9
+
+    def in_cache() -> None:
+        for _ in range(nbytes // CHUNK):
+            aead.encrypt_into(nonce, view[:CHUNK], b"", record)
+
+    def from_memory() -> None:
+        for offset in range(0, nbytes, CHUNK):
+            aead.encrypt_into(nonce, view[offset : offset + CHUNK], b"", record)
+
+    target = np.empty_like(source)
+    return {
+        "aes-gcm-in-cache": rate(in_cache, nbytes),
+        "aes-gcm-from-memory": rate(from_memory, nbytes),
+        "memory-copy": rate(lambda: np.copyto(target, source), nbytes),
+    }
 
 
 def measure_raw_grpc(nbytes: int, repeats: int) -> tuple[float, float]:
@@ -224,9 +310,10 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--serve-tcp", nargs=2, type=int, metavar=("PORT", "NBYTES"))
     parser.add_argument("--serve-grpc", nargs=2, type=int, metavar=("PORT", "NBYTES"))
+    parser.add_argument("--serve-sealed", nargs=2, type=int, metavar=("PORT", "NBYTES"))
     args = parser.parse_args()
-    if args.serve_tcp:
-        serve_tcp(*args.serve_tcp)
+    if args.serve_tcp or args.serve_sealed:
+        serve_tcp(*(args.serve_tcp or args.serve_sealed), seal=bool(args.serve_sealed))
         return
     if args.serve_grpc:
         serve_grpc(*args.serve_grpc)
@@ -259,6 +346,36 @@ def main() -> None:
             unit="MB/s",
             baseline=baseline,
             baseline_value=baseline_value,
+        )
+    plain_cpu, plain_rate = measure_cpu_per_mb(nbytes, args.repeats, seal=False)
+    sealed_cpu, sealed_rate = measure_cpu_per_mb(nbytes, args.repeats, seal=True)
+    baseline = "raw-tcp-loopback, same run"
+    emit(
+        f"sealed-records-{size}",
+        metric="CPU ms per MB moved, both ends",
+        value=sealed_cpu,
+        unit="ms/MB",
+        baseline=baseline,
+        baseline_value=plain_cpu,
+        lower_is_better=True,
+    )
+    emit(
+        f"sealed-records-{size}",
+        metric="throughput",
+        value=sealed_rate,
+        unit="MB/s",
+        baseline=baseline,
+        baseline_value=plain_rate,
+    )
+    rates = aes_gcm_rates(nbytes)
+    for case in ("aes-gcm-in-cache", "aes-gcm-from-memory"):
+        emit(
+            f"{case}-{size}",
+            metric="sealing rate, one core",
+            value=rates[case],
+            unit="GB/s",
+            baseline="memory copy (numpy), same run",
+            baseline_value=rates["memory-copy"],
         )
 
 
