@@ -167,8 +167,10 @@ def main(argv: Sequence[str] | None = None, *, loaded: bool = False) -> int:
             stop=stop,
             credentials=credentials,
         )
-    threads = cluster.xla_threads(os.environ, task_type=task.type)  # checked: _check_settings
-    if threads is not None:  # before anything starts XLA's CPU backend
+    # JAXPS_XLA_THREADS (checked: _check_settings), else the container's CPU limit, before
+    # anything starts XLA's CPU backend; neither: XLA's own pool, a thread per CPU
+    threads = cluster.xla_threads(os.environ, task_type=task.type) or xla.cpu_limit()
+    if threads is not None:
         xla.start_cpu_backend(threads)
     # Imported here: jax must see XLA_FLAGS first, and `--help` and errors stay fast.
     from jaxps_runtime import roles  # noqa: PLC0415

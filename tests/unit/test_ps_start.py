@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from jaxps_runtime.config import cluster
+from jaxps_runtime.process import xla
 from jaxps_runtime.ps import server
 from jaxps_runtime.ps import start as main
 from tests.unit import imports
@@ -208,3 +209,50 @@ def test_xla_starts_with_the_intra_op_threads_asked_and_every_thread_may_use_eve
     allowed = len(os.sched_getaffinity(0))
     assert int(pool) == min(threads, allowed)
     assert cpus == f"[{allowed}]"
+
+
+def cgroup_tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("cgroups", "files", "cpus"),
+    [
+        # cgroup v2 in a container (its own cgroup at the root): limits.cpu 1500m
+        ("0::/\n", {"cpu.max": "150000 100000\n"}, 2),
+        ("0::/\n", {"cpu.max": "max 100000\n"}, None),
+        # v2 on a host: the pod's cgroup, its container's, the tighter one wins
+        (
+            "0::/kubepods/pod1/c1\n",
+            {"kubepods/pod1/cpu.max": "400000 100000", "kubepods/pod1/c1/cpu.max": "max 100000"},
+            4,
+        ),
+        ("0::/a\n", {"a/cpu.max": "50000 100000"}, 1),  # half a CPU: one thread
+        # v1 without a cgroup namespace: /proc names the host's path, the mount is the pod's
+        (
+            "4:cpu,cpuacct:/kubepods/pod1/c1\n3:memory:/x\n",
+            {"cpu,cpuacct/cpu.cfs_quota_us": "300000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000"},
+            3,
+        ),
+        (
+            "1:cpu:/\n",
+            {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"},
+            None,
+        ),
+        ("0::/\n", {"cpu.max": "garbage"}, None),
+        ("0::/\n", {}, None),
+    ],
+)
+def test_a_tasks_cpu_limit_is_read_from_its_cgroup(
+    tmp_path: Path, cgroups: str, files: dict[str, str], cpus: int | None
+) -> None:
+    root = cgroup_tree(tmp_path / "fs", files)
+    (tmp_path / "cgroup").write_text(cgroups)
+    assert xla.cpu_limit(cgroups=tmp_path / "cgroup", root=root) == cpus
+
+
+def test_no_cpu_limit_where_the_cgroup_cannot_be_read(tmp_path: Path) -> None:
+    assert xla.cpu_limit(cgroups=tmp_path / "missing", root=tmp_path) is None

@@ -388,7 +388,8 @@ XLA_THREADS_ENV, PS_XLA_THREADS_ENV = "JAXPS_XLA_THREADS", "JAXPS_PS_XLA_THREADS
 def xla_threads(environ: Mapping[str, str], *, task_type: str) -> int | None:
     """XLA's intra-op threads for a task of `task_type` (`process.xla.start_cpu_backend`
     starts its CPU backend with them): a ps's JAXPS_PS_XLA_THREADS, 1 unless set; another
-    role's JAXPS_XLA_THREADS, None unless set (XLA's own choice: every CPU the task may use).
+    role's JAXPS_XLA_THREADS, None unless set (then the container's CPU limit, `xla.cpu_limit`,
+    else XLA's own choice: every CPU the task may use).
     Raises `ClusterSpecError` for a bad count.
 
     A ps's updates are element-wise and overlap with receiving the next shard; more intra-op
@@ -441,7 +442,8 @@ def setting_problem(name: str, value: str, *, task_type: str) -> str | None:
     ):
         return (
             f"{name}: got {_show(value)}; expected a thread count >= 1 (XLA's intra-op "
-            "threads for the task's compute, at most the CPUs it may use; unset: all of them)"
+            "threads for the task's compute, at most the CPUs it may use; unset: its "
+            "container's CPU limit, else every CPU)"
         )
     if name == "JAXPS_PS_STANDBY" and task_type == PS and value.lower() not in ("on", "off"):
         return (
