@@ -40,6 +40,7 @@ from typing import Any
 import kubeflow
 import results
 import yaml
+from proc import cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "runtime")]
@@ -112,11 +113,6 @@ def jaxps_status(job: dict[str, Any]) -> dict[str, Any]:
         {**valid, "status": first}, pods, now, network=network
     ).status
     return status
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> int:

@@ -21,7 +21,6 @@ bytes.
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import statistics
 import subprocess
@@ -39,6 +38,7 @@ import grpc
 import numpy as np
 import results
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from proc import cpu_seconds
 
 from jaxps_runtime.client import placement
 from jaxps_runtime.client.psclient import PsClient
@@ -71,7 +71,7 @@ def timed_median(fn: Callable[[], None], *, repeats: int) -> float:
 
 def serve_tcp(port: int, nbytes: int, *, seal: bool = False) -> None:
     """Reads NBYTES per connection into one buffer, answers one byte; with `seal`, through the
-    bulk path's sealed records (`sealed_pair`'s server end)."""
+    bulk path's sealed records (`sealed_end`'s server end)."""
     buf = bytearray(nbytes)
     view = memoryview(buf)
     with socket.create_server(("127.0.0.1", port)) as server:
@@ -164,13 +164,6 @@ def measure_tcp(nbytes: int, repeats: int) -> float:
         proc.wait()
 
 
-def process_cpu(pid: int) -> float:
-    """A process's CPU seconds so far, user and system (/proc)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure_cpu_per_mb(nbytes: int, repeats: int, *, seal: bool) -> tuple[float, float]:
     """CPU milliseconds per MB moved over loopback TCP, sender and receiver together, and MB/s:
     a sender that `sendall`s one buffer per connection, a receiver that `recv_into`s one; with
@@ -186,12 +179,12 @@ def measure_cpu_per_mb(nbytes: int, repeats: int, *, seal: bool) -> tuple[float,
                 conn.recv(1)
 
         once()  # warm up
-        cpu = time.process_time(), process_cpu(proc.pid)
+        cpu = time.process_time(), cpu_seconds(proc.pid)
         started = time.perf_counter()
         for _ in range(repeats):
             once()
         seconds = time.perf_counter() - started
-        used = time.process_time() - cpu[0] + process_cpu(proc.pid) - cpu[1]
+        used = time.process_time() - cpu[0] + cpu_seconds(proc.pid) - cpu[1]
         megabytes = nbytes * repeats / 1e6
         return used / megabytes * 1e3, megabytes / seconds
     finally:

@@ -426,24 +426,16 @@ def setting_problem(name: str, value: str, *, task_type: str) -> str | None:
             "health port listens on, without brackets or port (default: the pod's IP), e.g. "
             "10.1.2.3, fd00::3, or 0.0.0.0 or :: for all interfaces"
         )
-    if (
-        name == PS_XLA_THREADS_ENV
-        and task_type == PS
-        and not (value.isascii() and value.isdigit() and int(value) >= 1)
-    ):
-        return (
-            f"{name}: got {_show(value)}; expected a thread count >= 1 (XLA's intra-op "
-            "threads for the ps's updates, at most the CPUs it may use; 1, the default: one)"
+    threads_of = PS_XLA_THREADS_ENV if task_type == PS else XLA_THREADS_ENV  # a role reads one
+    if name == threads_of and not (value.isascii() and value.isdigit() and int(value) >= 1):
+        unset = (
+            "1, the default: one"
+            if task_type == PS
+            else "unset: its container's CPU limit, else every CPU"
         )
-    if (
-        name == XLA_THREADS_ENV
-        and task_type != PS
-        and not (value.isascii() and value.isdigit() and int(value) >= 1)
-    ):
         return (
             f"{name}: got {_show(value)}; expected a thread count >= 1 (XLA's intra-op "
-            "threads for the task's compute, at most the CPUs it may use; unset: its "
-            "container's CPU limit, else every CPU)"
+            f"threads for the task's compute, at most the CPUs it may use; {unset})"
         )
     if name == "JAXPS_PS_STANDBY" and task_type == PS and value.lower() not in ("on", "off"):
         return (
