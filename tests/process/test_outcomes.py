@@ -313,16 +313,20 @@ def test_one_bad_batch_is_rolled_back_and_skipped_and_the_job_succeeds(tmp_path:
 # --- Stalled ----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("checkpoints", [False, True], ids=["", "with-a-checkpoint-pending"])
 def test_a_worker_whose_batch_never_comes_stalls_the_job_naming_what_the_others_wait_for(
-    tmp_path: Path,
+    tmp_path: Path, checkpoints: bool
 ) -> None:
     # The step stands at 5: worker-1's read 5 (its batch of step 5) never comes, and sync
     # waits for its gradient.
     # 10 s, not less: the clock runs from the chief's first look at the ps, and a worker still
     # starting (compiling its step on a loaded machine) must not count as a stall.
+    # With checkpoints every 10 steps a Save of step 10 is always pending on the ps: it waits
+    # for training, and does not hold the stall's clock (only a ps writing one does).
     timeout = 10
+    extra: dict[str, Any] = {"checkpoint": {"dir": "ckpt", "everySteps": 10}} if checkpoints else {}
     job = faulty_job(
-        "stalling", dataset={"worker": 1, "blockAt": 5}, progressTimeoutSeconds=timeout
+        "stalling", dataset={"worker": 1, "blockAt": 5}, progressTimeoutSeconds=timeout, **extra
     )
     run = jaxps_local(tmp_path, job)
     message = _failed(run, "Stalled")

@@ -61,11 +61,13 @@ def test_shards_are_leased_in_order_each_with_its_batches_and_a_new_id() -> None
 def test_the_next_epoch_starts_only_once_every_shard_is_done_and_none_is_leased() -> None:
     queue = _queue()
     leases = [_lease(queue) for _ in range(3)]
-    assert _waiting(queue) == "data epoch 0 to end: its last 3 shards are leased to others"
+    assert _waiting(queue) == (
+        "data epoch 0 to end: its last 3 shards are still leased (worker-0: shards 0, 1, 2)"
+    )
     queue.done("worker-0", [leases[0].lease, leases[1].lease])
     assert queue.counts().done == 2
     waiting = _waiting(queue, "worker-1")
-    assert waiting == "data epoch 0 to end: its last 1 shards are leased to others"
+    assert waiting == "data epoch 0 to end: its last 1 shard is still leased (worker-0: shard 2)"
     queue.done("worker-1", [leases[2].lease])  # not worker-1's lease: ignored
     assert queue.counts().done == 2
     queue.done("worker-0", [leases[2].lease, 999])  # an id the queue never gave: ignored
@@ -110,6 +112,45 @@ def test_a_held_ask_ends_with_no_shard_after_its_wait_or_when_training_ends() ->
     queue.finish()
     held.join(timeout=30)
     assert over == [True]
+
+
+def test_a_lease_its_worker_no_longer_holds_is_taken_back_at_its_next_ask() -> None:
+    """A worker that dropped a lease (a rollback it learnt of after the restored queue leased
+    it the shard) says what it holds when it asks: the queue takes the rest back, from where the
+    ps tier was last seen to have the shard, and the epoch can end."""
+    queue = _queue()
+    lost, kept = _lease(queue, "worker-0"), _lease(queue, "worker-0")
+    other = _lease(queue, "worker-1")
+    queue.observe({lost.key: 1})
+    queue.done("worker-1", [other.lease])
+    queue.done("worker-0", [kept.lease])
+    assert "worker-0: shard 0" in _waiting(queue, "worker-1")  # the end waits for it
+    again = queue.lease("worker-0", held=[]).lease
+    assert again is not None
+    assert (again.shard, again.start) == (lost.shard, 1)  # from the ps tier's position
+    assert again.lease > other.lease
+    assert queue.counts().reclaimed == 1
+    queue.done("worker-0", [again.lease])
+    assert _lease(queue, "worker-1").epoch == 1  # the epoch ended
+
+
+def test_a_lease_its_worker_says_it_holds_stays_its_own() -> None:
+    queue = _queue()
+    held = _lease(queue, "worker-0")
+    second = queue.lease("worker-0", held=[held.lease]).lease
+    assert second is not None
+    assert queue.holders() == {"worker-0"}
+    assert queue.counts().leased == 2
+    assert queue.counts().reclaimed == 0
+    queue.lease("worker-1", held=[])  # another worker's ask takes nothing of worker-0's
+    assert queue.counts().leased == 3
+
+
+def test_an_ask_that_says_nothing_of_what_it_holds_takes_nothing_back() -> None:
+    queue = _queue()
+    _lease(queue, "worker-0")
+    _lease(queue, "worker-0")
+    assert queue.counts().leased == 2
 
 
 def test_a_shard_given_back_goes_on_from_where_its_holder_got() -> None:

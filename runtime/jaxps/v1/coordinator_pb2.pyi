@@ -55,7 +55,7 @@ class CoordinatorState(_message.Message):
     def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., step: _Optional[int] = ..., stop: _Optional[bool] = ..., live_workers: _Optional[int] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("id", "task_incarnation", "done", "returned", "want", "leaving", "wait_ms")
+    __slots__ = ("id", "task_incarnation", "done", "returned", "want", "leaving", "wait_ms", "held")
     ID_FIELD_NUMBER: _ClassVar[int]
     TASK_INCARNATION_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class LeaseRequest(_message.Message):
     WANT_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     id: _tensor_pb2.Identity
     task_incarnation: int
     done: _containers.RepeatedScalarFieldContainer[int]
@@ -70,7 +71,8 @@ class LeaseRequest(_message.Message):
     want: bool
     leaving: bool
     wait_ms: int
-    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., task_incarnation: _Optional[int] = ..., done: _Optional[_Iterable[int]] = ..., returned: _Optional[_Iterable[_Union[ReturnedLease, _Mapping]]] = ..., want: _Optional[bool] = ..., leaving: _Optional[bool] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    held: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, id: _Optional[_Union[_tensor_pb2.Identity, _Mapping]] = ..., task_incarnation: _Optional[int] = ..., done: _Optional[_Iterable[int]] = ..., returned: _Optional[_Iterable[_Union[ReturnedLease, _Mapping]]] = ..., want: _Optional[bool] = ..., leaving: _Optional[bool] = ..., wait_ms: _Optional[int] = ..., held: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReturnedLease(_message.Message):
     __slots__ = ("lease", "applied")

@@ -219,7 +219,8 @@ class CoordinatorServicer:
                 log.info("%s leaves the job (its leases given back)", worker)
             answer = Answer(waiting="leaving")
         elif request.want:
-            answer = self.queue.lease(worker, wait=min(request.wait_ms, MAX_LEASE_WAIT_MS) / 1000)
+            wait = min(request.wait_ms, MAX_LEASE_WAIT_MS) / 1000
+            answer = self.queue.lease(worker, wait=wait, held=request.held)
         else:
             answer = Answer()
         m = self.membership
@@ -355,11 +356,13 @@ class CoordinatorClient:
         want: bool = True,
         leaving: bool = False,
         wait_ms: int = 0,
+        held: Sequence[int] = (),
         timeout: float = 10.0,
     ) -> co_pb2.LeaseReply:
         """One call to the shard queue (`CoordinatorServicer.Lease`); raises grpc.RpcError
         (the worker retries, or gives up when the chief stays away). `wait_ms`: the chief may
-        hold the call that long while the epoch's last shards are leased to others."""
+        hold the call that long while the epoch's last shards are leased to others. `held`
+        (with `want`): every lease the worker holds; the chief takes back its others."""
         request = co_pb2.LeaseRequest(
             id=self._id,
             task_incarnation=self._incarnation,
@@ -370,6 +373,7 @@ class CoordinatorClient:
             want=want,
             leaving=leaving,
             wait_ms=wait_ms,
+            held=list(held),
         )
         reply: co_pb2.LeaseReply = self._calls["Lease"](request, timeout=timeout + wait_ms / 1000)
         return reply

@@ -6,12 +6,14 @@ shard asked for ahead of time so that asking costs no step.
     feed.wait(s)    with no shard: waits up to s seconds for one (back as soon as it is in)
     feed.settle(replies)  the ps's answers to its push: the next batch, the same again, or
                     another shard (a ps took the lease back)
-    feed.reset()    the ps tier was rolled back: every lease is void
+    feed.reset()    the ps tier was rolled back: the leases it holds go back to the queue
     feed.leave(...) give every lease back and leave the job (the worker drains)
 
 Not thread-safe: the worker's loop only; the one background thread it starts only asks the chief
 for the next shard. Shards done ride on the next ask (no call of their own): the chief learns of
-them a shard late, except at an epoch's end, where every ask carries them at once.
+them a shard late, except at an epoch's end, where every ask carries them at once. Each ask also
+says which lease the worker holds, so that the chief takes back one the worker lost (a reply
+that never came, a lease dropped on a rollback learnt of late) instead of waiting for it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field
@@ -47,6 +50,7 @@ def refused_position(replies: list[Any]) -> bool:
 _POLL_MS = 1000  # how long the chief may hold an ask at an epoch's end (see MAX_LEASE_WAIT_MS)
 _AGAIN = 0.02  # seconds between asks that found no shard
 _HELD = 0.05  # ... while the chief brings the ps tier up, or is away
+_SAY_EVERY = 30.0  # seconds between log lines while a worker has no shard
 
 
 @dataclass
@@ -92,6 +96,9 @@ class Feed:
         self.hold = False  # and whether that is the chief bringing the ps tier up
         self.epoch = 0
         self._counted = False  # its first gradient applied: logged once
+        self._asking: list[int] = []  # the done reports the ask in flight carries
+        self._without: float | None = None  # (monotonic) since when it has had no shard
+        self._said = 0.0  # (monotonic) when it last said so
 
     def batch(self) -> Position | None:
         """The batch to train now; None when the queue has none for this worker right now."""
@@ -101,7 +108,9 @@ class Feed:
                 self.current = None
             self.current = self._take()
             if self.current is None:
+                self._say_waiting()
                 return None
+            self._without = None
             self.at = self.current.first + self.current.start
             log.debug(
                 "%s: shard %d of epoch %d (lease %d) from batch %d",
@@ -159,22 +168,37 @@ class Feed:
         return False
 
     def reset(self) -> None:
-        """The ps tier was brought up again at a new epoch: leases and reports are void. An ask
-        already sent may still come back with a lease of the new queue (the chief answers a
-        held ask as soon as it restores the queue): that lease is given back, untouched, or
-        the queue would wait for it forever at the epoch's end."""
-        self.current, self._done, self._ending = None, [], False
+        """The ps tier was brought up again at a new epoch: the queue starts over from the ps
+        tier's positions. Every lease the worker holds goes back, from where it got: one of the
+        queue before is void there and ignored, but the one it trains may be of the restored
+        queue already (asked between the restore and this worker's learning of it), and the
+        queue would wait for it forever at the epoch's end. So does a lease an ask already sent
+        brings back (the chief answers a held ask as soon as it restores the queue). Reports of
+        leases done stay: the queue ignores those it no longer knows."""
+        current, self.current, self._ending = self.current, None, False
+        if current is not None:
+            self._pool.submit(self._give_back, {current.lease: self.at - current.first})
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and not ahead.cancel():  # sent already: see what it brings
+        if ahead is None:
+            return
+        if ahead.cancel():  # never sent: its reports ride on the next ask
+            self._done = self._asking + self._done
+        else:  # sent already: see what it brings
             ahead.add_done_callback(self._unused)
 
     def _unused(self, ahead: Future[_Asked]) -> None:
-        """Gives back the lease an ask answered after a reset brought, if any."""
-        if ahead.cancelled() or (reply := ahead.result().reply) is None:
+        """Gives back the lease an ask answered after a reset brought, if any, with the reports
+        of an ask that failed."""
+        if ahead.cancelled():
             return
-        if reply.HasField("lease"):
+        asked = ahead.result()
+        returned = {}
+        if asked.reply is not None and asked.reply.HasField("lease"):
+            returned[asked.reply.lease.lease] = asked.reply.lease.start
+        done = asked.done if asked.error is not None else []
+        if returned or done:
             with contextlib.suppress(RuntimeError):  # closed meanwhile: the chief reclaims it
-                self._pool.submit(self._give_back, {reply.lease.lease: reply.lease.start})
+                self._pool.submit(self._give_back, returned, done)
 
     def leave(self, coordinator: CoordinatorClient) -> None:
         """Gives every lease back (the current one from the batch it is at) and leaves, over
@@ -208,10 +232,13 @@ class Feed:
         return terms.shard_key(c.epoch, c.shard) if c is not None else "-"
 
     def _submit(self, *, poll: bool) -> Future[_Asked]:
-        """Asks for the next shard in the background, reporting the shards done so far; `poll`:
-        the chief holds the ask until a shard is free (the epoch's end)."""
+        """Asks for the next shard in the background, reporting the shards done so far and the
+        lease it holds; `poll`: the chief holds the ask until a shard is free (the epoch's
+        end)."""
         done, self._done = self._done, []
-        return self._pool.submit(self._ask, done, poll)
+        self._asking = done
+        held = [self.current.lease] if self.current is not None else []
+        return self._pool.submit(self._ask, done, poll, held)
 
     def _take(self) -> co_pb2.ShardLease | None:
         """The next shard, or None (why in `waiting`). Blocks on an ask that is answered at
@@ -254,15 +281,32 @@ class Feed:
         self.waiting, self._ending = "", False
         return reply.lease
 
-    def _give_back(self, returned: dict[int, int]) -> None:
+    def _say_waiting(self) -> None:
+        """Logs what the worker waits for when it has had no shard for a while, and again
+        every so often: a wait for data is never silent."""
+        now = time.monotonic()
+        if self._without is None:
+            self._without = self._said = now
+        elif now - self._said >= _SAY_EVERY:
+            self._said = now
+            log.warning(
+                "%s: no shard of the data for %.0f s: waiting for %s",
+                self._name,
+                now - self._without,
+                self.waiting or "the chief's shard queue to answer",
+            )
+
+    def _give_back(self, returned: dict[int, int], done: Sequence[int] = ()) -> None:
         try:
-            self._coordinator.lease(returned=returned, want=False)
+            self._coordinator.lease(done=done, returned=returned, want=False)
         except grpc.RpcError as err:  # the chief takes it back when it finds the worker gone
             log.warning("%s: could not give a lease back: %s", self._name, err.details())
 
-    def _ask(self, done: list[int], poll: bool) -> _Asked:
+    def _ask(self, done: list[int], poll: bool, held: list[int]) -> _Asked:
         try:
-            reply = self._coordinator.lease(done=done, want=True, wait_ms=_POLL_MS if poll else 0)
+            reply = self._coordinator.lease(
+                done=done, want=True, wait_ms=_POLL_MS if poll else 0, held=held
+            )
         except grpc.RpcError as err:
             return _Asked(done=done, error=err)
         return _Asked(done=done, reply=reply, polled=poll)

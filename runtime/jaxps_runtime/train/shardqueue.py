@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from jaxps_runtime.data.shards import ShardPlan
@@ -144,22 +144,8 @@ class ShardQueue:
         the position last observed on the ps tier (`observe`) or what the queue knew, whichever
         is further: a batch applied since is refused as "applied" by the ps that have it."""
         with self._lock:
-            taken = [lease for lease in self._leases.values() if lease.worker == worker]
-            for lease in taken:
-                del self._leases[lease.lease]
-                self._back(lease, self._observed.get(lease.key, 0))
-                self._reclaimed += 1
-            if taken:
-                self._changed.notify_all()
-        for lease in taken:
-            log.warning(
-                "took back shard %s from %s (lease %d): it goes on from batch %d of %d",
-                lease.key,
-                worker,
-                lease.lease,
-                self._applied.get(lease.shard, 0),
-                lease.end - lease.first,
-            )
+            taken = self._take_back(worker, keep=frozenset())
+        self._say_taken(worker, taken, "")
         return taken
 
     def holders(self) -> set[str]:
@@ -178,24 +164,40 @@ class ShardQueue:
 
     # --- the workers -------------------------------------------------------------------------
 
-    def lease(self, worker: str, *, wait: float = 0.0) -> Answer:
+    def lease(
+        self, worker: str, *, wait: float = 0.0, held: Collection[int] | None = None
+    ) -> Answer:
         """The next shard for `worker`, or why there is none now. With `wait` (seconds), while
         the epoch's last shards are leased to others, waits up to that long for one to be free
-        or the next epoch to start (a worker idle at an epoch's end gets its shard at once)."""
+        or the next epoch to start (a worker idle at an epoch's end gets its shard at once).
+
+        `held`: the leases the worker says it holds. Any other of its leases is taken back
+        first, as `reclaim` would: the worker lost it (a reply it never got, a lease it dropped
+        on a rollback it learnt of late), and the epoch could not end while it stayed out."""
         deadline = time.monotonic() + wait
-        with self._lock:
-            while True:
-                answer = self._lease(worker)
-                left = deadline - time.monotonic()
-                if answer.lease is not None or answer.over or answer.hold or left <= 0:
-                    return answer
-                if self._waiters >= _MAX_WAITERS:  # the chief's RPC threads are for others too
-                    return answer
-                self._waiters += 1
-                try:
-                    self._changed.wait(left)
-                finally:
-                    self._waiters -= 1
+        taken: list[Lease] = []
+        try:
+            with self._lock:
+                if held is not None:
+                    taken = self._take_back(worker, keep=frozenset(held))
+                return self._wait_lease(worker, deadline)
+        finally:
+            self._say_taken(worker, taken, " (it no longer holds it)")
+
+    def _wait_lease(self, worker: str, deadline: float) -> Answer:
+        """`lease`'s wait, with the lock held."""
+        while True:
+            answer = self._lease(worker)
+            left = deadline - time.monotonic()
+            if answer.lease is not None or answer.over or answer.hold or left <= 0:
+                return answer
+            if self._waiters >= _MAX_WAITERS:  # the chief's RPC threads are for others too
+                return answer
+            self._waiters += 1
+            try:
+                self._changed.wait(left)
+            finally:
+                self._waiters -= 1
 
     def _lease(self, worker: str) -> Answer:
         """`lease` without waiting, with the lock held."""
@@ -210,10 +212,7 @@ class ShardQueue:
             self._todo.append(self._fresh)
             self._fresh += 1
         if not self._todo:
-            return Answer(
-                waiting=f"data epoch {self._epoch} to end: its last "
-                f"{len(self._leases)} shards are leased to others"
-            )
+            return Answer(waiting=f"data epoch {self._epoch} to end: {self._describe_leased()}")
         shard = self._todo.pop(0)
         first, end = self.plan.span(shard)
         lease = Lease(
@@ -262,6 +261,46 @@ class ShardQueue:
                 self._changed.notify_all()
 
     # --- with the lock held ------------------------------------------------------------------
+
+    def _take_back(self, worker: str, *, keep: frozenset[int]) -> list[Lease]:
+        """`worker`'s leases but those in `keep`, taken back: each shard free again from where
+        the ps tier was last seen to have it (or the queue knew, whichever is further)."""
+        taken = [
+            lease
+            for lease in self._leases.values()
+            if lease.worker == worker and lease.lease not in keep
+        ]
+        for lease in taken:
+            del self._leases[lease.lease]
+            self._back(lease, self._observed.get(lease.key, 0))
+            self._reclaimed += 1
+        if taken:
+            self._changed.notify_all()
+        return taken
+
+    def _say_taken(self, worker: str, taken: list[Lease], why: str) -> None:
+        for lease in taken:
+            log.warning(
+                "took back shard %s from %s (lease %d)%s: it goes on from batch %d of %d",
+                lease.key,
+                worker,
+                lease.lease,
+                why,
+                self._applied.get(lease.shard, 0),
+                lease.end - lease.first,
+            )
+
+    def _describe_leased(self) -> str:
+        """Who holds the shards the epoch's end waits for (a worker's log says it)."""
+        holders: dict[str, list[str]] = {}
+        for lease in sorted(self._leases.values(), key=lambda x: x.shard):
+            holders.setdefault(lease.worker, []).append(str(lease.shard))
+        named = "; ".join(
+            f"{w}: shard{'s' if len(shards) > 1 else ''} {', '.join(shards)}"
+            for w, shards in sorted(holders.items())
+        )
+        n = len(self._leases)
+        return f"its last {n} shard{'s are' if n != 1 else ' is'} still leased ({named})"
 
     def _start_epoch(self, epoch: int, applied: Mapping[int, int]) -> None:
         self._epoch = epoch

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 # How a ps that went away answers (or rather, does not).
 _GONE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+_SAY_STILL = 30.0  # seconds the step stands still before the progress line says why
 
 
 def ps_mode(training: TrainingConfig) -> Mode:
@@ -189,8 +190,9 @@ class Coordination:
         """Until the global step reaches `steps`; returns 0, or 1 if every worker is gone. The
         decisions are `watch.decide`'s; this carries them out. Raises `outcome.StalledError`
         when the step has not moved for `progressTimeoutSeconds` while training (the clock
-        starts again after every start, rollback and checkpoint), `outcome.DivergedError`
-        past `maxRollbacks`, and what `check` raises (how worker 0's thread failed)."""
+        starts again after every start and rollback, and while a ps writes a checkpoint),
+        `outcome.DivergedError` past `maxRollbacks`, and what `check` raises (how worker 0's
+        thread failed)."""
         training = self.training
         policy = self.checkpointer.policy(steps=training.steps)
         state = watch.State(
@@ -267,7 +269,8 @@ class Coordination:
                         return 1
             if any(isinstance(action, watch.Recover) for action in actions):
                 continue
-            if step != moved[0] or self.checkpointer.busy:
+            writing = self.checkpointer.in_flight  # a Save pending ahead waits for training:
+            if step != moved[0] or (writing is not None and writing <= step):  # not a cause
                 moved = (step, now)
             elif 0 < training.progressTimeoutSeconds <= now - moved[1]:
                 raise outcome.StalledError(
@@ -294,6 +297,13 @@ class Coordination:
                     shown,
                     steps_per_second,
                 )
+                if now - moved[1] >= _SAY_STILL:  # why, as each task said
+                    log.warning(
+                        "the global step has not moved from %d for %.0f s: %s",
+                        step,
+                        now - moved[1],
+                        standing(self.membership.members(), self._seen),
+                    )
                 last_log, last_step, last_time = now, step, now
             self.task.stop.sleep(min(0.2, training.heartbeatSeconds))
 
@@ -332,6 +342,14 @@ def stall_report(
 ) -> str:
     """Why the step stands still, as each task last said: what each worker and the evaluator
     waits for, and where each ps is."""
+    return (
+        f"the global step has not moved from {step} for {seconds:.0f} s "
+        f"(training.progressTimeoutSeconds: {timeout:g}): " + standing(members, seen)
+    )
+
+
+def standing(members: Sequence[Member], seen: Sequence[watch.PsSeen]) -> str:
+    """What each worker and the evaluator last said it waits for, and where each ps is."""
     now = time.monotonic()
     parts = []
     for m in sorted(members, key=lambda m: m.task):
@@ -344,7 +362,4 @@ def stall_report(
         parts.append(
             f"ps-{i} is {ps_pb2.PsState.Name(ps.state)} at step {ps.step} (epoch {ps.epoch})"
         )
-    return (
-        f"the global step has not moved from {step} for {seconds:.0f} s "
-        f"(training.progressTimeoutSeconds: {timeout:g}): " + "; ".join(parts)
-    )
+    return "; ".join(parts)
