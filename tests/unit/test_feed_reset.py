@@ -7,12 +7,16 @@ calls: this is a unit test of the feed's bookkeeping alone."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
+import pytest
+
 from jaxps.v1 import coordinator_pb2 as co_pb2
+from jaxps_runtime.train import feed as feed_module
 from jaxps_runtime.train.coordinator import CoordinatorClient
 from jaxps_runtime.train.feed import Feed
 
@@ -148,5 +152,21 @@ def test_a_reset_with_nothing_held_gives_nothing_back() -> None:
     try:
         feed.reset()
         assert queue.calls == []
+    finally:
+        feed.close()
+
+
+def test_a_worker_with_no_shard_says_what_it_waits_for(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(feed_module, "_SAY_EVERY", 0.0)
+    queue = Queue([])
+    feed = Feed(cast(CoordinatorClient, queue), name="worker-3")
+    try:
+        with caplog.at_level(logging.WARNING, logger=feed_module.__name__):
+            assert feed.batch() is None  # the first ask without a shard: it starts the clock
+            _until(lambda: feed.batch() is None and "no shard" in caplog.text)
+        assert "worker-3: no shard of the data for" in caplog.text
+        assert "waiting for nothing" in caplog.text  # what the queue said
     finally:
         feed.close()

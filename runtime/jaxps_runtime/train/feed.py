@@ -177,7 +177,8 @@ class Feed:
         leases done stay: the queue ignores those it no longer knows."""
         current, self.current, self._ending = self.current, None, False
         if current is not None:
-            self._pool.submit(self._give_back, {current.lease: self.at - current.first})
+            with contextlib.suppress(RuntimeError):  # closed: the chief reclaims it
+                self._pool.submit(self._give_back, {current.lease: self.at - current.first})
         ahead, self._ahead = self._ahead, None
         if ahead is None:
             return
