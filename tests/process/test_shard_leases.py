@@ -97,3 +97,29 @@ def test_a_lease_whose_reply_the_worker_never_got_is_taken_back_at_its_next_ask(
     finally:
         feed.close()
         client.close()
+
+
+def test_an_ask_held_when_its_worker_leaves_brings_it_no_shard(chief: Chief) -> None:
+    # worker-1 waits at the data epoch's end (its ask held by the chief) when it drains on
+    # SIGTERM and leaves; worker-0 then finishes the epoch's last shards
+    staying, leaving = chief.client("worker-0"), chief.client("worker-1")
+    try:
+        leases: list[int] = []
+        for _ in range(3):  # each ask says which it holds
+            leases.append(staying.lease(want=True, held=leases).lease.lease)
+        with futures.ThreadPoolExecutor(1) as pool:
+            held = pool.submit(leaving.lease, want=True, wait_ms=1000)
+            deadline = time.monotonic() + 10
+            while not chief.queue._waiters:  # the ask is with the chief
+                assert time.monotonic() < deadline, "the ask was not held"
+                time.sleep(0.01)
+            leaving.lease(want=False, leaving=True)
+            staying.lease(done=leases, want=False)  # the epoch ends
+            reply = held.result(timeout=10)
+        assert not reply.HasField("lease"), reply
+        assert reply.over
+        assert chief.queue.holders() == set()
+        assert staying.lease(want=True).lease.epoch == 1
+    finally:
+        staying.close()
+        leaving.close()

@@ -7,13 +7,21 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from jaxps_runtime.data.shards import ShardPlan
-from jaxps_runtime.train.shardqueue import Lease, ShardQueue
+from jaxps_runtime.train.shardqueue import Answer, Lease, ShardQueue
 
 # 5 batches an epoch in shards of 2: [0, 2), [2, 4), [4, 5)
 PLAN = ShardPlan(examples=10, batch_size=2, shard_batches=2, seed=0)
 STREAM = ShardPlan(examples=None, batch_size=4, shard_batches=16, seed=0)
+
+
+def _until(what: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not what():
+        assert time.monotonic() < deadline, "not within the deadline"
+        time.sleep(0.01)
 
 
 def _queue(plan: ShardPlan = PLAN, positions: dict[str, int] | None = None) -> ShardQueue:
@@ -151,6 +159,36 @@ def test_an_ask_that_says_nothing_of_what_it_holds_takes_nothing_back() -> None:
     _lease(queue, "worker-0")
     _lease(queue, "worker-0")
     assert queue.counts().leased == 2
+
+
+def test_a_worker_that_left_is_leased_nothing_more_not_even_by_an_ask_held_before() -> None:
+    """An ask held at an epoch's end when its worker leaves (drained on SIGTERM) would be
+    answered with the next epoch's first shard, which nobody would ever train."""
+    queue = _queue()
+    leases = [_lease(queue, "worker-0") for _ in range(3)]
+    answers: list[object] = []
+    held = threading.Thread(target=lambda: answers.append(queue.lease("worker-1", wait=10)))
+    held.start()
+    _until(lambda: queue._waiters == 1)  # the ask is held
+    assert queue.leave("worker-1") == []
+    queue.done("worker-0", [lease.lease for lease in leases])
+    held.join(10)
+    [answer] = answers
+    assert isinstance(answer, Answer)
+    assert (answer.lease, answer.over) == (None, True)
+    assert _lease(queue, "worker-0").epoch == 1
+    assert queue.holders() == {"worker-0"}
+    queue.join("worker-1")  # a new process of it registered
+    assert _lease(queue, "worker-1").epoch == 1
+
+
+def test_a_worker_that_leaves_has_its_leases_taken_back() -> None:
+    queue = _queue()
+    lease = _lease(queue, "worker-1")
+    queue.observe({lease.key: 1})
+    assert queue.leave("worker-1") == [lease]
+    again = _lease(queue, "worker-0")
+    assert (again.shard, again.start) == (lease.shard, 1)
 
 
 def test_a_shard_given_back_goes_on_from_where_its_holder_got() -> None:

@@ -190,6 +190,8 @@ class CoordinatorServicer:
         self.membership.seen(request, time.monotonic())
         if before is not None and before.incarnation != request.task_incarnation:
             self.queue.reclaim(request.id.task)  # a new process: its leases died with the old
+        if request.id.task in self.membership.workers:  # not a word of one that left
+            self.queue.join(request.id.task)
         state = self._state()
         log.info("%s registered", request.id.task)
         return state
@@ -217,8 +219,13 @@ class CoordinatorServicer:
         if request.leaving:
             if self.membership.left(worker):
                 log.info("%s leaves the job (its leases given back)", worker)
+            self.queue.leave(worker)
             answer = Answer(waiting="leaving")
         elif request.want:
+            left = context.time_remaining()
+            if left is not None and left <= 0:  # its caller has given up on it: what it holds
+                # may have changed since (a retry answered first), so it takes back nothing
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "Lease: past its deadline")
             wait = min(request.wait_ms, MAX_LEASE_WAIT_MS) / 1000
             answer = self.queue.lease(worker, wait=wait, held=request.held)
         else:

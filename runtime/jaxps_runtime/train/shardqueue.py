@@ -94,6 +94,7 @@ class ShardQueue:
         self._reclaimed = 0
         self._observed: dict[str, int] = {}  # the ps tier's positions, as last observed
         self._skip: set[tuple[int, int]] = set()  # (epoch, batch) that diverged
+        self._left: set[str] = set()  # workers that left the job: leased nothing more
 
     # --- the chief ---------------------------------------------------------------------------
 
@@ -147,6 +148,21 @@ class ShardQueue:
             taken = self._take_back(worker, keep=frozenset())
         self._say_taken(worker, taken, "")
         return taken
+
+    def leave(self, worker: str) -> list[Lease]:
+        """`worker` left the job (scaled down, drained): its leases are taken back, and nothing
+        more is leased to it, not even to an ask of it still held here at an epoch's end (it
+        would never train that shard, and the epoch could not end), until it `join`s again."""
+        with self._lock:
+            self._left.add(worker)
+            taken = self._take_back(worker, keep=frozenset())
+        self._say_taken(worker, taken, " (it left the job)")
+        return taken
+
+    def join(self, worker: str) -> None:
+        """`worker` registered (again): it may lease shards."""
+        with self._lock:
+            self._left.discard(worker)
 
     def holders(self) -> set[str]:
         with self._lock:
@@ -203,6 +219,8 @@ class ShardQueue:
         """`lease` without waiting, with the lock held."""
         if self._over:
             return Answer(waiting="training is over", over=True)
+        if worker in self._left:
+            return Answer(waiting="nothing: it left the job", over=True)
         if not self._ready:
             return Answer(waiting="the chief to bring the ps tier up", hold=True)
         if not self._todo and self._epoch_complete():
