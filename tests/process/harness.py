@@ -39,11 +39,16 @@ def runtime_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def wait_serving(
-    address: str, *, timeout: float, process: subprocess.Popen[bytes] | None = None
+    address: str,
+    *,
+    timeout: float,
+    process: subprocess.Popen[bytes] | None = None,
+    credentials: credentials.TaskCredentials | None = None,
 ) -> None:
-    """Waits for the standard gRPC health service at `address` to report SERVING."""
+    """Waits for the standard gRPC health service at `address` to report SERVING (asking
+    over mutual TLS with `credentials`)."""
     deadline = time.monotonic() + timeout
-    with rpc.channel(address) as channel:
+    with rpc.channel(address, credentials) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             if process is not None and process.poll() is not None:
@@ -77,27 +82,39 @@ class LocalPs:
         workers: int = 1,
         log_dir: Path | None = None,
         timeout: float = 60.0,
+        tls: Path | None = None,
     ) -> LocalPs:
         """Starts `num_ps` ps (output in `log_dir/ps-<i>.log`, or discarded) of a job that
-        also has `workers` workers, and waits until every one is SERVING."""
-        ports = cluster.free_ports(num_ps + workers)
+        also has `workers` workers, and waits until every one is SERVING; with `tls`, over
+        mutual TLS, in a job with an evaluator too, each task's credentials in `tls/<task>`."""
+        ports = cluster.free_ports(num_ps + workers + 1)
         spec = {
             "ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
-            "worker": [f"127.0.0.1:{p}" for p in ports[num_ps:]],
+            "worker": [f"127.0.0.1:{p}" for p in ports[num_ps : num_ps + workers]],
         }
+        if tls is not None:
+            spec["evaluator"] = [f"127.0.0.1:{ports[-1]}"]
+            authority = credentials.authority(job_id)
+            for role, addresses in spec.items():
+                for i in range(len(addresses)):
+                    identity = credentials.Identity(job=job_id, role=role, index=i)
+                    issued = credentials.issue(authority, identity, hosts=["127.0.0.1"])
+                    issued.write(tls / f"{role}-{i}")
         running = cls(spec["ps"], [])
         for i in range(num_ps):
             tf_config = cluster.build_tf_config(cluster=spec, task_type="ps", task_index=i)
+            env = runtime_env({"TF_CONFIG": tf_config, "JAXPS_JOB_UID": job_id})
+            if tls is not None:
+                env["JAXPS_TLS_DIR"] = str(tls / f"ps-{i}")
             running.processes.append(
                 processes.start(
-                    RUNTIME,
-                    env=runtime_env({"TF_CONFIG": tf_config, "JAXPS_JOB_UID": job_id}),
-                    stdout=log_dir / f"ps-{i}.log" if log_dir else None,
+                    RUNTIME, env=env, stdout=log_dir / f"ps-{i}.log" if log_dir else None
                 )
             )
+        caller = None if tls is None else credentials.TaskCredentials.load(tls / "worker-0")
         try:
             for address, proc in zip(running.addresses, running.processes, strict=True):
-                wait_serving(address, timeout=timeout, process=proc)
+                wait_serving(address, timeout=timeout, process=proc, credentials=caller)
         except BaseException:
             running.stop()
             raise

@@ -131,6 +131,8 @@ class Attack(NamedTuple):
     step: int = 0
     then_read: bool = False
     min_step: int = 0
+    push_id: str = "attack"
+    shard: str = ""  # a batch of data shard `shard` at cursor 1
 
 
 ATTACKS = {
@@ -164,6 +166,24 @@ ATTACKS = {
         [_spec(DENSE, [8, 4]), _spec(TABLE, [1, 4], rows=[0]), _spec("['x']/0", [1])],
         ("Update.tensors: 3 tensors; at most 2",),
     ),
+    "a push id of a megabyte": Attack(
+        [_spec(DENSE, [8, 4])],
+        ("Update.push_id", "1048576 characters; at most 64"),
+        push_id="x" * (1 << 20),
+    ),
+    "a data shard of other digits than ASCII's": Attack(
+        [_spec(DENSE, [8, 4])], ("Update.shard", "'1:²' is no data shard"), shard="1:²"
+    ),
+    "a data shard of 5,000 digits": Attack(
+        [_spec(DENSE, [8, 4])],
+        ("Update.shard", "is no data shard", "at most 18 ASCII digits"),
+        shard="1:" + "1" * 5_000,
+    ),
+    "a data epoch that cannot have started": Attack(
+        [_spec(DENSE, [8, 4])],
+        ("Update.shard", "data epoch 1000000000000 cannot have started", "data epoch 0 at most"),
+        shard=f"{10**12}:0",
+    ),
 }
 
 
@@ -194,9 +214,12 @@ def test_an_update_that_means_nothing_is_invalid_argument_and_changes_nothing(
         id=chief.identity(0),
         step=attack.step,
         tensors=attack.tensors,
-        push_id="attack",
+        push_id=attack.push_id,
         then_read=attack.then_read,
         min_step=attack.min_step,
+        shard=attack.shard,
+        cursor=1 if attack.shard else 0,
+        lease=1 if attack.shard else 0,
     )
     header.id.task = "worker-0"
     refused = _refused(chief)

@@ -317,6 +317,54 @@ def test_bulk_connections_over_a_peers_cap_or_the_total_are_refused_and_others_g
     attacked.trains_on()
 
 
+def test_bulk_connections_holding_back_their_hello_count_at_once_and_are_cut_in_time(
+    attacked: Job,
+) -> None:
+    """A task that may call nothing (a ps) opens more than its share, TLS done, and trickles
+    each hello a byte at a time: the connections over its share are closed at once, the
+    others once the handshake's time is up, however the bytes are spaced."""
+    port = attacked.status().bulk_port
+    opened = []
+    for _ in range(bulk.MAX_PEER_CONNECTIONS + 4):
+        conn = tls_connection(port, attacked.creds["ps-0"], hello=False)
+        assert conn is not None
+        opened.append(conn)
+    started = time.monotonic()
+    hello = bulk.HELLO + bytes(sealed.RANDOM_BYTES)
+    open_ = list(opened)
+    sent = 0
+    while open_:
+        took = time.monotonic() - started
+        assert took < bulk.HANDSHAKE_SECONDS + 10, f"{len(open_)} connections still open"
+        for conn in list(open_):
+            conn.setblocking(False)
+            try:
+                if closed_by_peer(conn):
+                    open_.remove(conn)
+                    continue
+                conn.setblocking(True)
+                conn.sendall(hello[sent : sent + 1])
+            except OSError:
+                open_.remove(conn)
+        if 2 < took < bulk.HANDSHAKE_SECONDS - 3:  # those over the share are closed already
+            assert len(open_) <= bulk.MAX_PEER_CONNECTIONS
+        sent = min(sent + 1, len(hello) - 1)  # never the whole hello
+        time.sleep(0.5)
+    assert time.monotonic() - started >= bulk.HANDSHAKE_SECONDS - 3  # the rest: by the deadline
+    for conn in opened:
+        conn.close()
+    wait_for(
+        lambda: (
+            "bulk.HANDSHAKE_SECONDS" in attacked.ps_log()
+            and "bulk.MAX_PEER_CONNECTIONS" in attacked.ps_log()
+        ),
+        attacked.job,
+        timeout=30,
+        what="ps-0 to log both limits",
+    )
+    attacked.trains_on()
+
+
 def closed_immediately(conn: socket.socket) -> bool:
     with conn:
         conn.settimeout(2)

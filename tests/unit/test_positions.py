@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxps_runtime.ps.positions import Claim, Positions
+from jaxps_runtime.ps.positions import Claim, InvalidPositionError, Positions
 from jaxps_runtime.wire import terms
 
 
@@ -52,14 +52,44 @@ def test_a_batch_after_a_missing_one_is_refused_as_a_gap() -> None:
 
 
 @pytest.mark.parametrize(
-    ("shard", "cursor"),
-    [("worker-0", 1), ("0:x", 1), ("3", 1), ("-1:2", 1), ("0:1", 0), ("0:1", -4)],
-    ids=["a-worker", "not-a-number", "no-colon", "negative-epoch", "cursor-0", "cursor-negative"],
+    "shard",
+    ["worker-0", "0:x", "3", "-1:2", "1:\u00b2", "1:\u0661", "1:" + "1" * 19, "", ":"],
+    ids=[
+        "a-worker",
+        "not-a-number",
+        "no-colon",
+        "negative-epoch",
+        "superscript-digit",
+        "arabic-indic-digit",
+        "19-digits",
+        "empty",
+        "colon-only",
+    ],
 )
-def test_anything_but_a_batch_of_a_data_shard_is_refused_as_a_gap(shard: str, cursor: int) -> None:
-    refused = _refusal(Positions(), shard=shard, cursor=cursor, lease=1)
+def test_a_shard_that_is_no_shard_key_is_invalid(shard: str) -> None:
+    with pytest.raises(InvalidPositionError, match="is no data shard"):
+        Positions().claim(shard=shard, cursor=1, lease=1)
+
+
+@pytest.mark.parametrize("cursor", [0, -4])
+def test_a_cursor_before_the_first_batch_is_refused_as_a_gap(cursor: int) -> None:
+    refused = _refusal(Positions(), shard="0:1", cursor=cursor, lease=1)
     assert terms.refusal_word(refused) == terms.GAP
     assert "is no position of a data shard" in refused
+
+
+def test_a_data_epoch_more_than_one_past_the_newest_settled_is_invalid() -> None:
+    positions = Positions()
+    _claimed(positions, shard="1:0", cursor=1, lease=1)  # epoch 1 may start on a fresh ps
+    with pytest.raises(InvalidPositionError, match="data epoch 2 cannot have started"):
+        positions.claim(shard="2:0", cursor=1, lease=2)
+    positions.settle([_claimed(positions, shard="0:5", cursor=1, lease=3)])
+    positions.settle([_claimed(positions, shard="1:1", cursor=1, lease=4)])
+    _claimed(positions, shard="2:0", cursor=1, lease=5)  # epoch 1 settled here: 2 may start
+    restored = Positions({"7:3": 2})  # a checkpoint's
+    _claimed(restored, shard="8:0", cursor=1, lease=1)
+    with pytest.raises(InvalidPositionError, match="data epoch 7 at most"):
+        restored.claim(shard="9:0", cursor=1, lease=1)
 
 
 def test_a_batch_being_applied_is_refused_as_busy_until_it_is_dropped() -> None:
@@ -139,13 +169,13 @@ def test_a_push_of_a_forgotten_older_epoch_is_never_applied_again() -> None:
 def test_reset_starts_over_from_the_positions_given() -> None:
     positions = Positions()
     for cursor in (1, 2, 3):
-        positions.settle([_claimed(positions, shard="4:1", cursor=cursor, lease=50)])
-    _claimed(positions, shard="4:1", cursor=4, lease=50)  # in flight when the ps is restored
-    positions.reset({"4:1": 3, "4:2": 0, "worker-0": 12, "junk": 1})
-    assert positions.snapshot() == {"4:1": 3, "4:2": 0}  # only positions of data shards
+        positions.settle([_claimed(positions, shard="1:1", cursor=cursor, lease=50)])
+    _claimed(positions, shard="1:1", cursor=4, lease=50)  # in flight when the ps is restored
+    positions.reset({"1:1": 3, "1:2": 0, "worker-0": 12, "junk": 1})
+    assert positions.snapshot() == {"1:1": 3, "1:2": 0}  # only positions of data shards
     # Nothing in flight, no lease known: a bring-up voided them (the queue leases anew)
-    assert _claimed(positions, shard="4:1", cursor=4, lease=1) == Claim("4:1", 4, 1)
-    assert terms.refusal_word(_refusal(positions, shard="4:1", cursor=3, lease=1)) == (
+    assert _claimed(positions, shard="1:1", cursor=4, lease=1) == Claim("1:1", 4, 1)
+    assert terms.refusal_word(_refusal(positions, shard="1:1", cursor=3, lease=1)) == (
         terms.APPLIED
     )
     positions.reset({})

@@ -163,9 +163,9 @@ def test_a_restore_brings_back_that_ps_positions_of_the_checkpoint(
     store = _store(Mode(kind=ps_pb2.ASYNC))
     stores.append(store)
     for cursor in (1, 2):
-        assert _async_push(store, f"p{cursor}", _claim(store, "3:1", cursor, lease=40))
+        assert _async_push(store, f"p{cursor}", _claim(store, "1:1", cursor, lease=40))
     snapshot = store.snapshot_at(2, is_active=lambda: True)
-    assert snapshot.cursors == {"3:1": 2}
+    assert snapshot.cursors == {"1:1": 2}
     store.init(epoch=2, specs=[SPEC], optimizer=SGD, step=0, mode=Mode(kind=ps_pb2.ASYNC))
     assert store.cursors() == {}  # a new cluster epoch starts from what it is given
     store.restore(

@@ -30,6 +30,7 @@ from jaxps_runtime.wire.terms import Mode
 # count of ids, or this many if more: ids may repeat (the ps sums them), so a batch may name
 # more ids than a small table has rows.
 ROWS_PER_TENSOR = 1 << 16
+PUSH_ID_CHARS = 64  # the longest push id a ps takes (and remembers: `pushes.REMEMBERED` of them)
 
 
 def update_header(
@@ -45,6 +46,12 @@ def update_header(
     targets by tensor index; fills `staging` with the dense ones' shards. Linear in the number
     of tensors."""
     unique(specs, where="Update", most=shards.size())
+    if len(header.push_id) > PUSH_ID_CHARS:
+        raise PsError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"Update.push_id: {len(header.push_id)} characters; at most {PUSH_ID_CHARS} (a "
+            "worker's is a uuid's 32 hex digits)",
+        )
     problem = policy.step_problem(header.step)
     if problem is not None:
         raise PsError(grpc.StatusCode.INVALID_ARGUMENT, f"Update.step: {problem}")

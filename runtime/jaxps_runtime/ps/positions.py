@@ -28,6 +28,10 @@ from dataclasses import dataclass
 from jaxps_runtime.wire import terms
 
 
+class InvalidPositionError(ValueError):
+    """A push names a data shard that no honest worker could (`Positions.problem`)."""
+
+
 @dataclass(frozen=True)
 class Claim:
     """One batch of one shard, claimed by a push until it counts or fails."""
@@ -56,9 +60,30 @@ class Positions:
         parsed = terms.parse_shard_key(key)
         return parsed[0] if parsed else -1
 
+    def problem(self, shard: str) -> str | None:
+        """What makes `shard` no data shard an honest worker could push: not a shard key, or
+        of a data epoch more than one past the newest settled here (the chief starts an epoch
+        only once every ps applied the one before). None when it could be."""
+        parsed = terms.parse_shard_key(shard)
+        if parsed is None:
+            return (
+                f'{shard[:64]!r} is no data shard ("<epoch>:<shard>", each a number of at '
+                f"most {terms.SHARD_KEY_DIGITS} ASCII digits)"
+            )
+        if parsed[0] > self._floor + 1:
+            return (
+                f"data epoch {parsed[0]} cannot have started: this ps has applied data epoch "
+                f"{self._floor} at most, and an epoch starts once the one before is applied"
+            )
+        return None
+
     def claim(self, *, shard: str, cursor: int, lease: int) -> Claim | str:
-        """The claim of the batch `cursor - 1` of `shard`, or the refusal's reason."""
-        if terms.parse_shard_key(shard) is None or cursor < 1:
+        """The claim of the batch `cursor - 1` of `shard`, or the refusal's reason;
+        `InvalidPositionError` for a shard no honest worker could push (`problem`)."""
+        problem = self.problem(shard)
+        if problem is not None:
+            raise InvalidPositionError(problem)
+        if cursor < 1:
             return f"{terms.GAP}: {shard!r} at {cursor} is no position of a data shard"
         if self._epoch(shard) < self._floor:
             return f"{terms.APPLIED}: data epoch {self._epoch(shard)} is over here"

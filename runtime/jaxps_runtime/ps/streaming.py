@@ -23,7 +23,7 @@ from jaxps.v1 import tensor_pb2
 from jaxps_runtime.ps import callers, checks
 from jaxps_runtime.ps.held import STATE_NAMES, Held
 from jaxps_runtime.ps.modes.policy import Policy, PsError, Push, PushResult
-from jaxps_runtime.ps.positions import Claim
+from jaxps_runtime.ps.positions import Claim, InvalidPositionError
 from jaxps_runtime.ps.shards import Shards
 from jaxps_runtime.ps.updates import Updater, finite
 from jaxps_runtime.wire import streams, terms
@@ -154,7 +154,11 @@ class StreamHandlers:
             raise self._invalid(err, header) from None
         claim: Claim | None = None
         if header.shard:  # a batch of the job's data: applied once (`positions`)
-            claimed = store.claim(shard=header.shard, cursor=header.cursor, lease=header.lease)
+            try:
+                claimed = store.claim(shard=header.shard, cursor=header.cursor, lease=header.lease)
+            except InvalidPositionError as err:
+                invalid = PsError(grpc.StatusCode.INVALID_ARGUMENT, f"Update.shard: {err}")
+                raise self._invalid(invalid, header) from None
             if isinstance(claimed, str):
                 store.counters.add(f"pushes_{terms.refusal_word(claimed)}")
                 # The batch is in, or in this step's sum from another push (a chief restarted

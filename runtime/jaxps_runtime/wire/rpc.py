@@ -13,21 +13,23 @@ streaming is several times faster for megabytes. `call` chooses by size, so neit
 nor the servicer code knows: the servicer reads a Frame iterator and returns a `streams.Reply`
 either way. Both framings are one method to authorization.
 
-Channels and servers lift grpc's 4 MiB receive limit on both ends (research pitfall 12).
+Channels lift grpc's 4 MiB receive limit (research pitfall 12); servers take messages up to
+`MAX_RECEIVE_BYTES`, what the largest honest Frame needs.
 
 With a task's credentials (`credentials.TaskCredentials`), channels and servers are mutual
 TLS against the job's own CA, and a `Guard` makes every method of a service pass `authz.Gate`
 before it runs: UNAUTHENTICATED without a jaxps identity, PERMISSION_DENIED for another job or a
 role the table does not allow (the reply says nothing about the job; the request is not even
 parsed), and PERMISSION_DENIED naming both when the request speaks for another task than the
-caller's certificate.
+caller's certificate. A caller with `inflight.MAX_CALLS` calls in flight gets RESOURCE_EXHAUSTED
+for the next, and a stream stalled in the middle is cancelled (`inflight`).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -35,16 +37,19 @@ from google.protobuf import descriptor, message
 
 from jaxps.v1 import coordinator_pb2, parameter_server_pb2, tensor_pb2
 from jaxps_runtime.config import cluster
-from jaxps_runtime.wire import authz, codec, streams
-from jaxps_runtime.wire.credentials import TaskCredentials, split_host
+from jaxps_runtime.wire import authz, codec, inflight, streams
+from jaxps_runtime.wire.credentials import Identity, TaskCredentials, split_host
 
 UNLIMITED = -1
-MESSAGE_OPTIONS: tuple[tuple[str, int], ...] = (
+# The largest message a server takes (grpc refuses a larger one, RESOURCE_EXHAUSTED, before it
+# is read into memory): a Frame carries at most `streams.CHUNK_BYTES` of tensor bytes after
+# its header, whose names, shapes and row ids fit in 64 MiB (8M row ids; the bulk path takes
+# headers up to `bulk.MAX_MESSAGE_BYTES`); every other message is far smaller. Unlimited, any
+# caller the gate would refuse anyway could make a server hold gigabytes per call.
+MAX_RECEIVE_BYTES = (64 << 20) + streams.CHUNK_BYTES
+CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_send_message_length", UNLIMITED),
     ("grpc.max_receive_message_length", UNLIMITED),
-)
-CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
-    *MESSAGE_OPTIONS,
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.http2.max_pings_without_data", 0),
@@ -58,7 +63,8 @@ CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.dns_min_time_between_resolutions_ms", 500),
 )
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
-    *MESSAGE_OPTIONS,
+    ("grpc.max_send_message_length", UNLIMITED),
+    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.so_reuseport", 0),
@@ -243,10 +249,12 @@ def _framed(spec: MethodSpec, behavior: Callable[..., Any]) -> Callable[..., Any
 @dataclass(frozen=True)
 class Guard:
     """Authorizes every call of a server by the caller's certificate (mutual TLS only), through
-    `authz.admit`, the one path the bulk path's calls pass too."""
+    `authz.admit`, the one path the bulk path's calls pass too; and holds each caller to
+    `inflight.MAX_CALLS` calls at once and its streams to no stall (`inflight`)."""
 
     job: str  # the job's id, as certificates name it
     chief: tuple[str, int]  # (role, index) of the job's chief
+    calls: inflight.InFlight = field(default_factory=inflight.InFlight, compare=False)
 
     def wrap(
         self,
@@ -281,24 +289,42 @@ class Guard:
                 raise  # context.abort raises
 
         def guarded(request: Any, context: grpc.ServicerContext) -> Any:
+            caller = authz.peer_identity(context.peer_identities())
+            who = caller.uri if caller is not None else "a caller without identity"
+            try:
+                self.calls.enter(who)
+            except inflight.TooManyCallsError as err:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+            try:
+                reply = admitted(request, context, caller, who)
+            except BaseException:
+                self.calls.leave(who)
+                raise
+            if not spec.server_streaming:
+                self.calls.leave(who)
+                return reply
+            return inflight.Replies(reply, lambda: self.calls.leave(who))  # until all sent
+
+        def admitted(
+            request: Any, context: grpc.ServicerContext, caller: Identity | None, who: str
+        ) -> Any:
+            if spec.client_streaming:
+                request = self.calls.watched(who, request, context)
+
             def first() -> Any:  # the request, or a stream's first message
                 raw = next(request, None) if spec.client_streaming else request
                 return None if raw is None else read(context, raw)
 
             try:
-                admitted = authz.admit(
-                    gate,
-                    spec.authz_path,
-                    authz.peer_identity(context.peer_identities()),
-                    first,
-                    task_of=lambda r: task_of(context, r),
+                parsed = authz.admit(
+                    gate, spec.authz_path, caller, first, task_of=lambda r: task_of(context, r)
                 )
             except authz.Refused as refused:
                 context.abort(grpc.StatusCode[refused.refusal.code], refused.refusal.details)
             if spec.client_streaming:
                 rest = (read(context, r) for r in request)
-                return behavior(itertools.chain((admitted,), rest), context)
-            return behavior(admitted, context)
+                return behavior(itertools.chain((parsed,), rest), context)
+            return behavior(parsed, context)
 
         return guarded
 

@@ -75,12 +75,20 @@ def shard_key(epoch: int, shard: int) -> str:
     return f"{epoch}:{shard}"
 
 
+SHARD_KEY_DIGITS = 18  # each number of a shard key: ASCII digits, at most this many (an int64)
+
+
 def parse_shard_key(key: str) -> tuple[int, int] | None:
-    """(epoch, shard) of a `shard_key`; None for anything else."""
+    """(epoch, shard) of a `shard_key`; None for anything else (other digits than ASCII's, or
+    a number of more than `SHARD_KEY_DIGITS` digits, included)."""
     epoch, sep, shard = key.partition(":")
-    if not sep or not epoch.isdigit() or not shard.isdigit():
+    if not sep or not (_number(epoch) and _number(shard)):
         return None
     return int(epoch), int(shard)
+
+
+def _number(text: str) -> bool:
+    return 0 < len(text) <= SHARD_KEY_DIGITS and text.isascii() and text.isdigit()
 
 
 def refusal_word(reason: str) -> str:

@@ -2,8 +2,9 @@
 
 No peer can hold a ps's resources here. A connection is one thread, and there are at most
 `MAX_CONNECTIONS` (in total, handshakes included) and `MAX_PEER_CONNECTIONS` per caller
-identity (per address in plaintext); one over either is closed with a warning in the ps's log,
-and its client goes on over gRPC. A handshake may stall `HANDSHAKE_SECONDS` (a socket timeout);
+identity (per address in plaintext), counted from the end of the TLS handshake; one over either
+is closed with a warning in the ps's log, and its client goes on over gRPC. The TLS handshake
+and the hello after it must be whole `HANDSHAKE_SECONDS` after the connection opened;
 then one reaper thread (`Limits.reap`) drops a connection whose call in progress (its tensor
 bytes, the reply's sending) went `FRAME_SECONDS` without a byte moving, whose prefix and message
 took longer than `FRAME_SECONDS` (and a second per MiB) in all, or that waited `IDLE_SECONDS`

@@ -131,18 +131,19 @@ class BulkServer:
         conn, counted, watch = raw, "", None
         try:
             protocol.tune(raw)
-            raw.settimeout(HANDSHAKE_SECONDS)  # each step of the handshake and the hello
+            deadline = time.monotonic() + HANDSHAKE_SECONDS  # the handshake and the hello
+            raw.settimeout(HANDSHAKE_SECONDS)  # each step of the handshake
             tls = None
             if self._tls is not None:
                 tls = self._tls.wrap_socket(raw, server_side=True)  # raw is detached
                 conn = self._swap(raw, tls)
+            caller = self._caller(conn)  # counted from here: a hello held back holds its place
+            counted = self._limits.count(caller.uri if caller else str(peer[0]))
             randoms = sealed.RANDOM_BYTES if tls is not None else 0
-            hello = protocol.recv_bytes(conn, len(protocol.HELLO) + randoms)
+            hello = _receive_by(conn, len(protocol.HELLO) + randoms, deadline)
             if hello[: len(protocol.HELLO)] != protocol.HELLO:
                 log.debug("%s: bulk connection from %s did not say hello", self._task, peer)
                 return
-            caller = self._caller(conn)
-            counted = self._limits.count(caller.uri if caller else str(peer[0]))
             mine = sealed.draw() if tls is not None else b""
             conn.sendall(protocol.HELLO + mine)
             if tls is not None:
@@ -195,6 +196,22 @@ class BulkServer:
         cert = conn.getpeercert() or {}
         names = cast(Any, cert.get("subjectAltName", ()))
         return authz.peer_identity(value for kind, value in names if kind == "URI")
+
+
+def _receive_by(conn: socket.socket, size: int, deadline: float) -> bytes:
+    """`size` bytes (a few: the hello) from `conn`, all of them before `deadline` (monotonic):
+    TimeoutError otherwise, however the peer spaces them; EOFError if it closes first."""
+    got = bytearray()
+    while len(got) < size:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"its hello was not whole in {HANDSHAKE_SECONDS:.0f} s")
+        conn.settimeout(left)
+        part = conn.recv(size - len(got))
+        if not part:
+            raise EOFError(f"the peer closed the connection after {len(got)} of {size} bytes")
+        got += part
+    return bytes(got)
 
 
 def _listen(host: str) -> socket.socket:
