@@ -133,6 +133,7 @@ class Attack(NamedTuple):
     min_step: int = 0
     push_id: str = "attack"
     shard: str = ""  # a batch of data shard `shard` at cursor 1
+    extra_bytes: int = 0  # tensor bytes beyond what the header's tensors hold
 
 
 ATTACKS = {
@@ -179,6 +180,18 @@ ATTACKS = {
         ("Update.shard", "is no data shard", "at most 18 ASCII digits"),
         shard="1:" + "1" * 5_000,
     ),
+    "a tensor without a name": Attack(
+        [_spec("", [8, 4])], ("Update.tensors[0].name: empty", "expected a shard name")
+    ),
+    "a dtype that means nothing": Attack(
+        [_spec(DENSE, [8, 4], "object")], ("Update.tensors[0].dtype: got 'object'", "allowed")
+    ),
+    "a negative dimension": Attack(
+        [_spec(DENSE, [-1, 4])], ("Update.tensors[0].shape: got [-1, 4]", "must be >= 0")
+    ),
+    "more bytes than the tensors hold": Attack(
+        [_spec(DENSE, [8, 4])], ("132", "128"), extra_bytes=4
+    ),
     "a data epoch that cannot have started": Attack(
         [_spec(DENSE, [8, 4])],
         ("Update.shard", "data epoch 1000000000000 cannot have started", "data epoch 0 at most"),
@@ -188,8 +201,13 @@ ATTACKS = {
 
 
 def _payload(tensors: list[tensor_pb2.TensorSpec]) -> bytes:
-    """Ones of every tensor's dtype and shape: finite, so only the header can be wrong."""
-    return b"".join(np.ones(list(t.shape), t.dtype).tobytes() for t in tensors)
+    """Ones of every tensor's dtype and shape: finite, so only the header can be wrong (none
+    for a tensor that can hold none)."""
+    return b"".join(
+        np.ones(list(t.shape), t.dtype).tobytes()
+        for t in tensors
+        if t.dtype != "object" and min(t.shape, default=0) >= 0
+    )
 
 
 def _refused(chief: PsClient) -> float:
@@ -225,7 +243,9 @@ def test_an_update_that_means_nothing_is_invalid_argument_and_changes_nothing(
     refused = _refused(chief)
     send = TRANSPORTS[transport].update
     code, details = _refusal(
-        lambda: send(one_ps.addresses[0], port, header, _payload(attack.tensors))
+        lambda: send(
+            one_ps.addresses[0], port, header, _payload(attack.tensors) + bytes(attack.extra_bytes)
+        )
     )
     assert code == grpc.StatusCode.INVALID_ARGUMENT, details
     for part in (*attack.names, "nothing of this update was applied"):

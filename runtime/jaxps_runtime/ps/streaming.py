@@ -134,7 +134,7 @@ class StreamHandlers:
                 ),
                 most=store.shards.size(),
             )
-        except streams.TooManyTensorsError as err:  # refused before 10,001 specs are made
+        except streams.HeaderError as err:  # 10,001 names refused before specs are made
             callers.check(store, err.header.id, method="Update")
             raise self._invalid(err, err.header) from None
         callers.check(store, header.id, method="Update")
@@ -200,9 +200,12 @@ class StreamHandlers:
         # Nothing is queued before every gradient is in and checked, so that a push with a NaN
         # anywhere changes nothing; the price is that the first shard's update no longer
         # overlaps the last shard's bytes.
-        for done in fill:
-            for i in done:
-                self._require_finite(specs[i], assembler.array(i), rows=i in rows, who=who)
+        try:
+            for done in fill:
+                for i in done:
+                    self._require_finite(specs[i], assembler.array(i), rows=i in rows, who=who)
+        except streams.StreamError as err:  # bytes other than the header's tensors hold
+            raise self._invalid(err, header) from None
         store.counters.add("bytes_in", assembler.bytes)
         missing = assembler.missing()
         if missing:

@@ -42,13 +42,18 @@ class StreamError(ValueError):
     """A tensor stream broke the protocol; the message says where and how."""
 
 
-class TooManyTensorsError(StreamError):
-    """A stream's header names more tensors than the receiver allows (`receive`'s `most`);
-    refused before anything is made of them, with the header for the receiver's checks."""
+class HeaderError(StreamError):
+    """A stream's header that decodes but describes no tensors the receiver can take, with the
+    header for the receiver's checks (who sent it)."""
 
     def __init__(self, message: str, header: tensor_pb2.FrameHeader) -> None:
         super().__init__(message)
         self.header = header
+
+
+class TooManyTensorsError(HeaderError):
+    """A stream's header names more tensors than the receiver allows (`receive`'s `most`);
+    refused before anything is made of them."""
 
 
 def dtype_of(name: str, *, where: str = "dtype") -> np.dtype[np.generic]:
@@ -312,7 +317,9 @@ def receive(
     """Starts reading a stream: its header, the assembler of its tensors (checked against
     `expect` when given) and an iterator over the frames that fills it, yielding the tensors
     each frame completed. The caller drains the iterator, then checks `missing()`. A header
-    of more than `most` tensors is `TooManyTensorsError`, at the cost of counting them."""
+    of more than `most` tensors is `TooManyTensorsError`, at the cost of counting them; one
+    naming a tensor no `Spec` can be (no name, a dtype or shape that means nothing),
+    `HeaderError`."""
     if isinstance(raw_frames, Direct):
         header, first = raw_frames.header, None
     else:
@@ -321,9 +328,12 @@ def receive(
         raise TooManyTensorsError(
             f"{where}.tensors: {len(header.tensors)} tensors; at most {most} here", header
         )
-    specs = [
-        Spec.from_proto(t, where=f"{where}.tensors[{i}]") for i, t in enumerate(header.tensors)
-    ]
+    try:
+        specs = [
+            Spec.from_proto(t, where=f"{where}.tensors[{i}]") for i, t in enumerate(header.tensors)
+        ]
+    except StreamError as err:
+        raise HeaderError(str(err), header) from None
     if expect is not None:
         got = [(s.name, s.shape, s.dtype) for s in specs]
         want = [(s.name, s.shape, s.dtype) for s in expect]
