@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from jaxps_runtime.config import yamltext
+
 GROUP, VERSION, KIND, PLURAL = "jaxps.dev", "v1alpha1", "TrainingJob", "trainingjobs"
 API_VERSION = f"{GROUP}/{VERSION}"
 
@@ -376,8 +378,8 @@ def load(text: str) -> dict[str, Any]:
     """Parses one YAML or JSON manifest and validates it: the CRD's schema, then (when that
     passes) what the runtime would refuse in `spec.training` and in its templates' settings."""
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as err:
+        docs = [d for d in yamltext.load_all(text) if d is not None]
+    except yamltext.Error as err:
         raise InvalidManifestError([Problem("", f"not YAML: {err}")]) from err
     if len(docs) != 1:
         raise InvalidManifestError(

@@ -431,3 +431,18 @@ def test_a_task_names_its_tf_config_where_a_manifest_names_its_replica_specs() -
         "TF_CONFIG.cluster.ps: got 0",
         "JAXPS.replicasToAggregate: got 2",
     ]
+
+
+@pytest.mark.parametrize("rate", [5e-05, 1e-08, 1e30, 3.5e-07])
+def test_a_float_json_writes_with_an_exponent_is_a_number(rate: float) -> None:
+    """`json.dumps` writes 5e-05 (no dot), which YAML 1.1 (PyYAML) reads as a string: the
+    operator and `jaxps local` give each task its training as JSON."""
+    raw = {"optimizer": {"name": "adam", "kwargs": {"learning_rate": rate, "eps": 1e-08}}}
+    training = config.loads(json.dumps(raw), path="JAXPS_TRAINING")
+    assert training.optimizer.kwargs == {"learning_rate": rate, "eps": 1e-08}
+
+
+@pytest.mark.parametrize("written", ["5e-05", "5E-5", "5.0e-5", "5.e-5", ".5e-4", "+5e-05"])
+def test_a_yaml_number_with_an_exponent_is_a_float_as_kubernetes_reads_it(written: str) -> None:
+    text = f"optimizer: {{name: adam, kwargs: {{learning_rate: {written}}}}}\n"
+    assert config.loads(text).optimizer.kwargs == {"learning_rate": 5e-05}

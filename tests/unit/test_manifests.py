@@ -352,3 +352,20 @@ def test_validate_exits_2_on_a_string_learning_rate_naming_the_field(
     assert line.strip().startswith(
         'spec.training.optimizer.kwargs.learning_rate: got "0.01"; expected a finite number > 0'
     )
+
+
+def test_a_learning_rate_written_with_an_exponent_is_valid_and_reaches_the_runtime(
+    tmp_path: Path,
+) -> None:
+    """PyYAML (YAML 1.1) reads `5e-5` as a string; kubectl reads it as a number, and so must
+    `jaxps validate` and `jaxps local`."""
+    text = json.dumps(GOOD).replace(
+        '"steps": 100',
+        '"steps": 100, "optimizer": {"name": "adam", "kwargs": {"learning_rate": 5e-5}}',
+    )
+    text = text.replace(", ", ",\n")  # JSON is YAML: the number as a YAML reader meets it
+    loaded = schema.load(text)
+    assert loaded["spec"]["training"]["optimizer"]["kwargs"]["learning_rate"] == 5e-05
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    assert cli.main(["validate", str(path)]) == 0

@@ -31,6 +31,7 @@ from jaxps.sdk.model import (
     WaitTimeoutError,
 )
 from jaxps_operator import capacity, schema
+from jaxps_runtime.config import yamltext
 
 Manifest = str | Path | Mapping[str, Any]
 TERMINAL = ("Succeeded", "Failed")
@@ -215,7 +216,7 @@ def load(manifest: Manifest) -> dict[str, Any]:
         schema.load(text)
     except schema.InvalidManifestError as err:
         raise InvalidManifestError(source, [str(p) for p in err.problems]) from None
-    loaded: dict[str, Any] = yaml.safe_load(text)
+    loaded: dict[str, Any] = yamltext.load(text)
     return loaded
 
 

@@ -327,13 +327,21 @@ def problems(raw: object, *, path: str = "training", replicas: Replicas | None =
 
 
 def loads(text: str, *, path: str = "training") -> TrainingConfig:
-    """Parses JSON or YAML text (JSON is YAML). YAML is imported here, where it is read: a ps
-    imports this module and must listen before it loads anything it can load later."""
-    import yaml  # noqa: PLC0415
+    """Parses JSON (what the operator and `jaxps local` give a task) or YAML text, its
+    numbers as YAML 1.2 reads them (`yamltext`: `5e-05` is a float). YAML is imported here,
+    where it is read: a ps imports this module and must listen before it loads anything it
+    can load later."""
+    if not text.strip():
+        return parse({}, path=path)
+    try:
+        return parse(json.loads(text), path=path)
+    except json.JSONDecodeError:
+        pass
+    from jaxps_runtime.config import yamltext  # noqa: PLC0415
 
     try:
-        raw = yaml.safe_load(text) if text.strip() else {}
-    except yaml.YAMLError as err:
+        raw = yamltext.load(text)
+    except yamltext.Error as err:
         raise TrainingConfigError(f"{path}: not JSON or YAML ({err})") from err
     return parse(raw, path=path)
 
