@@ -108,11 +108,10 @@ def _code(future: Future[Any]) -> grpc.StatusCode | None:
     return error.code() if isinstance(error, grpc.RpcError) else None
 
 
-def _header_and_a_little(ps: Ps, task: str, step: int) -> bytes:
-    """The first frame of an honest push of `task` at `step`: the header and 16 of its 128
-    bytes."""
-    status = ps.client(task).status(0)
-    header = tensor_pb2.FrameHeader(
+def _push_header(ps: Ps, task: str, step: int) -> tensor_pb2.FrameHeader:
+    """The header of an honest push of `task` at `step` (the kernel's 128 bytes)."""
+    status = ps.client("worker-0").status(0)
+    return tensor_pb2.FrameHeader(
         id=tensor_pb2.Identity(
             job_id=JOB_ID,
             task=task,
@@ -123,6 +122,12 @@ def _header_and_a_little(ps: Ps, task: str, step: int) -> bytes:
         push_id=f"held-{time.monotonic_ns()}",
         tensors=[tensor_pb2.TensorSpec(name=DENSE, shape=[8, 4], dtype="float32")],
     )
+
+
+def _header_and_a_little(ps: Ps, task: str, step: int) -> bytes:
+    """The first frame of an honest push of `task` at `step`: the header and 16 of its 128
+    bytes."""
+    header = _push_header(ps, task, step)
     return codec.encode(tensor_pb2.Frame(header=header), b"\0" * 16)
 
 
@@ -209,16 +214,7 @@ def test_a_message_over_the_servers_limit_is_refused_before_it_is_read(
 ) -> None:
     chief = tls_ps.chief(last_step=1_000)
     big = rpc.MAX_RECEIVE_BYTES + (16 << 20)
-    status = chief.status(0)
-    header = tensor_pb2.FrameHeader(
-        id=tensor_pb2.Identity(
-            job_id=JOB_ID,
-            task=task,
-            ps_incarnation=status.id.ps_incarnation,
-            cluster_epoch=status.id.cluster_epoch,
-        ),
-        tensors=[tensor_pb2.TensorSpec(name=DENSE, shape=[8, 4], dtype="float32")],
-    )
+    header = _push_header(tls_ps, task, 0)
     message = codec.encode(tensor_pb2.Frame(header=header), bytes(big))
     before = _peak_rss_mb(tls_ps.pid())
     with rpc.channel(tls_ps.address, tls_ps.creds[task]) as channel:
