@@ -453,3 +453,59 @@ def test_a_task_killed_in_any_phase_still_succeeds_with_the_export_written(
         assert summary["startedFrom"] == {"how": "adopted", "step": STEPS}, summary
     # worker-0, never killed, was told by the chief (or its replacement) that the job is over
     assert "worker-0: the chief says training is over" in run.log("worker-0"), run.logs()
+
+
+# --- a user's own loop that goes astray -------------------------------------------------------
+
+
+def _program_job(name: str, program: str, **training: Any) -> dict[str, Any]:
+    """1 ps and 2 workers running `outcome_user/wayward.py`'s `program` on digits."""
+    return {
+        "apiVersion": "jaxps.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicaSpecs": {"ps": {"replicas": 1}, "worker": {"replicas": 2}},
+            "training": {
+                "program": f"wayward:{program}",
+                "dataset": {"name": "digits"},
+                "mode": "sync",
+                "steps": 60,
+                "batchSize": 16,
+                "optimizer": {"name": "sgd", "kwargs": {"learning_rate": 0.1}},
+                "heartbeatSeconds": 0.25,
+                "logEverySeconds": 1,
+                **training,
+            },
+        },
+    }
+
+
+def test_a_program_calling_sys_exit_0_before_training_fails_the_job_as_users_code(
+    tmp_path: Path,
+) -> None:
+    run = jaxps_local(tmp_path, _program_job("exits", "exits"))
+    message = _failed(run, "UserCodeError")
+    assert "training.program 'wayward:exits' raised SystemExit: 0" in message, message
+    assert "wayward.py" in message, message
+    assert run.status["restarts"] == 0, run.logs()
+
+
+def test_a_program_leaving_its_session_early_fails_the_job_at_once_saying_so(
+    tmp_path: Path,
+) -> None:
+    run = jaxps_local(tmp_path, _program_job("leaves", "leaves_early"))
+    message = _failed(run, "UserCodeError")
+    assert "training.program 'wayward:leaves_early' left its session at step" in message, message
+    assert "before training ended (training.steps 60)" in message, message
+    assert run.status["restarts"] == 0, run.logs()
+    assert run.seconds < 120, run.logs()  # not restarted until the backoff limit
+
+
+def test_a_program_stuck_in_its_own_code_on_worker_0_fails_stalled_and_ends(
+    tmp_path: Path,
+) -> None:
+    run = jaxps_local(tmp_path, _program_job("hangs", "hangs", progressTimeoutSeconds=10))
+    message = _failed(run, "Stalled")
+    assert "the global step has not moved" in message, message
+    assert "did not return within" in run.log("worker-0"), run.logs()

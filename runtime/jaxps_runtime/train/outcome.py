@@ -97,11 +97,20 @@ def describe(what: str, err: BaseException) -> str:
 def user_code(what: str, *, task: str) -> Iterator[None]:
     """Runs a call into the user's model, dataset or evaluation: any exception it raises
     becomes a `UserCodeError` naming `what`, the task and the place. A task being stopped
-    (`stopping.Stopped`, a BaseException) and a `JobFailure` pass through as they are."""
+    (`stopping.Stopped`, a BaseException) and a `JobFailure` pass through as they are; so
+    does `sys.exit` with an exit code that fails the task, while `sys.exit(0)` (or None),
+    which would end the process as if training were over, is a `UserCodeError` too."""
     try:
         yield
     except JobFailure:
         raise
+    except SystemExit as err:
+        if err.code not in (0, None):
+            raise
+        raise UserCodeError(
+            f"{task}: {describe(what, err)}: a task ends once training is over, and sys.exit "
+            "before that would report a job that did not train as succeeded"
+        ).with_traceback(sys.exc_info()[2]) from err
     except Exception as err:
         raise UserCodeError(f"{task}: {describe(what, err)}").with_traceback(
             sys.exc_info()[2]

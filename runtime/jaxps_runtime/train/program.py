@@ -28,11 +28,17 @@ Every task must declare the same variables (names, shapes, dtypes: the placement
 from them on every task); the chief's values are the initial ones. Variables are placed on the
 ps tasks by `training.placement` and updated there by `training.optimizer`; `tables`
 ({variable: batch key of its row ids}) are embedding tables read by rows.
+
+A worker's loop runs until `should_stop()` says training is over: a program that returns before
+(its session not trained to the end, the task not told to stop) or calls `sys.exit(0)` is a
+`UserCodeError`. On worker 0, once the chief's run has the job's outcome, the loop has
+`LOOP_GRACE_SECONDS` to return; a loop stuck in its own code ends the process with that outcome.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -48,7 +54,7 @@ from jaxps_runtime.config import cluster
 from jaxps_runtime.config.training import OptimizerConfig, TrainingConfig
 from jaxps_runtime.data import factory
 from jaxps_runtime.data.arrays import Dataset
-from jaxps_runtime.process import stopping
+from jaxps_runtime.process import stopping, termination
 from jaxps_runtime.ps import optim
 from jaxps_runtime.train import evaluator, outcome
 from jaxps_runtime.train.chief import Chief
@@ -56,6 +62,8 @@ from jaxps_runtime.train.session import Session
 from jaxps_runtime.train.task import Task
 
 log = logging.getLogger(__name__)
+# How long worker 0's loop has to return once the job's outcome is known (`should_stop`)
+LOOP_GRACE_SECONDS = 30.0
 
 Evaluate = Callable[[Any, Mapping[str, Any]], Mapping[str, Any]]
 
@@ -235,6 +243,7 @@ def session(
     if role.type in (cluster.CHIEF, cluster.EVALUATOR):  # its run follows the program's
         return Over(task)
     opened = Hooked(task, hooks=hooks)
+    _current["session"] = opened
     if role.is_chief(task.spec.cluster):  # worker 0 of a job without a chief task
         _current["chief"] = _ChiefThread(task, bind=_current.get("bind"), session=opened)
     return opened
@@ -248,12 +257,24 @@ def run(task: Task, *, bind: str | None) -> int:
     _current.clear()
     _current.update(task=task, bind=bind)
     try:
-        with _user_loop(task):
-            target()
+        try:
+            with _user_loop(task):
+                target()
+        finally:
+            ended: _ChiefThread | None = _current.get("chief")
+            if ended is not None:
+                ended.loop_ended.set()
         if not _current.get("declared"):
             raise outcome.UserCodeError(
                 f"{task.name}: {where} {task.training.program!r} returned without opening a "
                 "session (jaxps_runtime.train.program.session)"
+            )
+        opened: Session | None = _current.get("session")
+        if opened is not None and not opened.trained and not task.stop.is_set:
+            raise outcome.UserCodeError(
+                f"{task.name}: {where} {task.training.program!r} left its session at step "
+                f"{opened.global_step}, before training ended (training.steps "
+                f"{task.training.steps}): its loop must run until session.should_stop() is True"
             )
         chief: _ChiefThread | None = _current.get("chief")
         if chief is not None:
@@ -291,10 +312,11 @@ class _ChiefThread:
     if the loop fails, the chief's run reports it (`WorkerZero.check`)."""
 
     def __init__(self, task: Task, *, bind: str | None, session: Session) -> None:
-        self._session = session
+        self._task, self._session = task, session
         self._error: BaseException | None = None
         self._loop_error: BaseException | None = None
         self._code = 0
+        self.loop_ended = threading.Event()  # set once the program returned or raised
         self._chief = Chief(task, trains=True, bind=bind, worker_zero=self)
         self._thread = threading.Thread(target=self._run, name="chief", daemon=True)
         self._thread.start()
@@ -306,6 +328,31 @@ class _ChiefThread:
             self._error = err
         finally:  # the loop ends too (it is over, or the chief failed: no one coordinates)
             self._session.link.finished.set()
+        self._end_if_the_loop_does_not()
+
+    def _end_if_the_loop_does_not(self) -> None:
+        """The job has its outcome: the loop, told so by `should_stop`, has `LOOP_GRACE_SECONDS`
+        to return; a loop stuck in its own code (or never asking) would keep the process, and
+        the job, running forever, so the process ends with the chief's outcome."""
+        if self.loop_ended.wait(LOOP_GRACE_SECONDS) or isinstance(self._error, stopping.Stopped):
+            return
+        code = self._code
+        if isinstance(self._error, outcome.JobFailure):
+            log.error("%s: %s", self._error.reason, self._error.message)
+            termination.write([self._error.message])
+            code = self._error.exit_code
+        elif self._error is not None:
+            log.error("%s: the chief failed: %r", self._task.name, self._error)
+            code = 1
+        log.error(
+            "%s: training.program did not return within %.0f s of the job's end (its loop "
+            "runs while not session.should_stop()); exiting with code %d",
+            self._task.name,
+            LOOP_GRACE_SECONDS,
+            code,
+        )
+        logging.shutdown()
+        os._exit(code)
 
     # what the chief's run calls on worker 0 (`chief.job.WorkerZero`)
     def start(self) -> None:

@@ -77,7 +77,7 @@ class Session:
         self._sync = training.mode is ModeKind.SYNC
         self.steps = training.steps
         self._started = False
-        self._trained = False
+        self.trained = False  # `should_stop` said training is over
         self._over = False  # the last step is reached: `should_stop` drains
         self._min_step = 0  # the step the next pull waits for
         self._buffers: dict[str, np.ndarray] | None = None  # dense values, reused across pulls
@@ -125,7 +125,7 @@ class Session:
             if self.link.beats is not None:
                 self.link.beats.join(timeout=10)
                 # a stopped or failed worker did not finish: no "done"
-                if err is None and self._trained and not self.task.stop.is_set:
+                if err is None and self.trained and not self.task.stop.is_set:
                     self.link.beat(done=True)
             self.link.coordinator.close()
             self.client.close()
@@ -142,7 +142,7 @@ class Session:
             self._started = True
             self.link.start(self.plan)
         if self.link.finished.is_set():
-            self._trained = True
+            self.trained = True
             return True
         if not self._over:
             return False
@@ -150,7 +150,7 @@ class Session:
             self._pulled, self._min_step = None, 0
             self._over = False
             return False
-        self._trained = True
+        self.trained = True
         return True
 
     # --- the loop's calls -----------------------------------------------------------------------
