@@ -143,6 +143,9 @@ def _batch_problems(state: Task) -> list[str]:
     except models.ModelError as err:
         return [str(err)]
     shown = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in sorted(batch.items()))
+    labels = models.label_problem(state.model, batch)
+    if labels is not None:
+        return [f"dataset {training.dataset.name!r}, its first batch: {labels}"]
     try:
         jax.eval_shape(state.model.loss, state.shapes, batch)
     except Exception as err:  # whatever the model raises on these shapes

@@ -509,3 +509,24 @@ def test_a_program_stuck_in_its_own_code_on_worker_0_fails_stalled_and_ends(
     message = _failed(run, "Stalled")
     assert "the global step has not moved" in message, message
     assert "did not return within" in run.log("worker-0"), run.logs()
+
+
+@pytest.mark.parametrize("label", [-1, 10])
+def test_labels_outside_the_models_classes_fail_the_job_as_invalid_training(
+    tmp_path: Path, label: int
+) -> None:
+    """A negative label trained to accuracy 0 and Succeeded; one past the classes was NaN, and
+    the job Diverged: both are the data's fault, said at once."""
+    data = tmp_path / "data.npz"
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 10, 400).astype(np.int32)
+    labels[::4] = label
+    np.savez(data, x=rng.normal(size=(400, 64)).astype(np.float32), y=labels)
+    job = _program_job("labels", "unused")
+    del job["spec"]["training"]["program"]
+    job["spec"]["training"]["model"] = {"name": "mlp", "kwargs": {"hidden": [16]}}
+    job["spec"]["training"]["dataset"] = {"name": "arrays", "kwargs": {"path": str(data)}}
+    run = jaxps_local(tmp_path, job)
+    message = _failed(run, "InvalidTraining")
+    assert f"a label {label}, but model mlp has 10 classes (labels 0..9)" in message, message
+    assert "training.model.kwargs.classes" in message, message

@@ -326,3 +326,27 @@ def test_builtin_models_are_models_and_defaults_cover_them() -> None:
     assert set(catalog.DEFAULT_DATASET.values()) <= set(catalog.DATASETS)
     for name in catalog.MODELS:
         assert isinstance(models.build_model(name=name), models.Model)
+
+
+@pytest.mark.parametrize(
+    ("labels", "words"),
+    [
+        (np.array([0, 3, 9]), None),
+        (np.array([0, -1, 3]), "a label -1, but model mlp has 10 classes (labels 0..9)"),
+        (np.array([10, 3]), "a label 10, but model mlp has 10 classes (labels 0..9)"),
+        (np.array([0.0, 1.0]), "labels of dtype float64; model mlp takes integer class labels"),
+        (np.array([], np.int32), None),
+    ],
+)
+def test_a_classifiers_labels_are_checked_against_its_classes(
+    labels: np.ndarray, words: str | None
+) -> None:
+    problem = models.label_problem(
+        models.MlpModel(classes=10), {"x": np.zeros((3, 64)), "y": labels}
+    )
+    assert problem == words if words is None else words in (problem or ""), problem
+
+
+def test_other_models_labels_are_theirs_to_judge() -> None:
+    embedding = models.EmbeddingModel(rows=10, dim=2)
+    assert models.label_problem(embedding, {"ids": np.zeros((2, 1)), "y": np.array([7])}) is None

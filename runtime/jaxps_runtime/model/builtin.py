@@ -118,6 +118,27 @@ def _check_columns(where: str, batch: Mapping[str, jax.Array], *, key: str, expe
         )
 
 
+def label_problem(model: object, batch: Mapping[str, Any]) -> str | None:
+    """What makes a batch's labels wrong for a built-in classifier (`mlp`: integer labels
+    0..classes-1; optax's cross-entropy would read another as a wrong class, or as NaN), or
+    None. Host-side, on the batch's numpy labels: a few microseconds a batch."""
+    if not isinstance(model, MlpModel) or "y" not in batch:
+        return None
+    labels = np.asarray(batch["y"])
+    if labels.size == 0:
+        return None
+    if labels.dtype.kind not in "iu":
+        return f"labels of dtype {labels.dtype}; model mlp takes integer class labels"
+    low, high = int(labels.min()), int(labels.max())
+    if low >= 0 and high < model.classes:
+        return None
+    bad = low if low < 0 else high
+    return (
+        f"a label {bad}, but model mlp has {model.classes} classes (labels 0.."
+        f"{model.classes - 1}): set training.model.kwargs.classes, or fix the labels"
+    )
+
+
 # --- models -----------------------------------------------------------------------------------
 
 

@@ -53,6 +53,13 @@ class JobFailure(Exception):  # noqa: N818 - the base of the *Error causes
         self.message = message
 
 
+class InvalidDataError(JobFailure):
+    """The job's data does not fit its model (a label outside the classifier's classes)."""
+
+    exit_code = config.EXIT_INVALID_TRAINING
+    reason = config.FINAL_EXITS[config.EXIT_INVALID_TRAINING]
+
+
 class UserCodeError(JobFailure):
     exit_code = config.EXIT_USER_CODE
     reason = config.FINAL_EXITS[config.EXIT_USER_CODE]

@@ -17,6 +17,7 @@ import logging
 
 import numpy as np
 
+from jaxps_runtime.model import builtin as models
 from jaxps_runtime.train import divergence, outcome
 from jaxps_runtime.train.session import Session
 from jaxps_runtime.train.task import Task
@@ -45,6 +46,12 @@ class Worker:
                 batch = session.next_batch()
                 if batch is None:
                     continue
+                problem = models.label_problem(task.model, batch)
+                if problem is not None:
+                    raise outcome.InvalidDataError(
+                        f"{task.name}: dataset {task.training.dataset.name!r}, batch at step "
+                        f"{session.global_step}: {problem}"
+                    )
                 rows = _wanted_rows(batch, tables=task.tables, table_rows=self._table_rows)
                 params = session.pull(rows=rows)
                 if session.over:
