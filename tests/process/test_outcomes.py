@@ -530,3 +530,16 @@ def test_labels_outside_the_models_classes_fail_the_job_as_invalid_training(
     message = _failed(run, "InvalidTraining")
     assert f"a label {label}, but model mlp has 10 classes (labels 0..9)" in message, message
     assert "training.model.kwargs.classes" in message, message
+
+
+def test_a_loss_that_only_grew_though_finite_fails_diverged_not_succeeded(tmp_path: Path) -> None:
+    """sgd at 1e6: every value stays finite, the loss goes from about 2.3 to hundreds of
+    thousands and the model predicts at chance; it was reported Succeeded."""
+    job = _program_job("grew", "unused", steps=50)
+    del job["spec"]["training"]["program"]
+    job["spec"]["training"]["model"] = {"name": "mlp", "kwargs": {"hidden": [16]}}
+    job["spec"]["training"]["optimizer"] = {"name": "sgd", "kwargs": {"learning_rate": 1e6}}
+    run = jaxps_local(tmp_path, job)
+    message = _failed(run, "Diverged")
+    assert re.search(r"the workers' mean loss grew from 2\.\d+ \(step 0\) to ", message), message
+    assert "though every value stayed finite" in message, message

@@ -109,3 +109,44 @@ def reported(members: Iterable[Member], *, workers: Collection[str], epoch: int)
                 f"{int(m.metrics.get(DIVERGED_DATA_EPOCH, 0))})"
             )
     return None
+
+
+# A finite loss that grew this much over the job, by both measures, diverged: a model whose
+# cross-entropy went from 2.3 to 775,477 under a learning rate of 1e6 is no model that trained.
+# Both, so that a converged model's noisy batch losses (0.05 then 0.6) never count.
+GROWTH_FACTOR = 10.0
+GROWTH_MARGIN = 1.0
+
+
+FIRST_LOSS, FIRST_LOSS_STEP = "firstLoss", "firstLossStep"
+"""Heartbeat metrics of a worker: the loss of its first step, and that step."""
+
+
+def first_loss_report(*, step: int, loss: float) -> dict[str, float]:
+    """A worker's heartbeat metrics of its first finite loss."""
+    return {FIRST_LOSS: loss, FIRST_LOSS_STEP: float(step)}
+
+
+def first_loss(members: Iterable[Member], *, workers: Collection[str]) -> tuple[int, float] | None:
+    """The job's first loss: of the earliest first step any worker reported (step, loss)."""
+    firsts = [
+        (int(m.metrics[FIRST_LOSS_STEP]), m.metrics[FIRST_LOSS])
+        for m in members
+        if m.task in workers and FIRST_LOSS in m.metrics and FIRST_LOSS_STEP in m.metrics
+    ]
+    return min(firsts, default=None)
+
+
+def grown(first: tuple[int, float] | None, *, step: int, loss: float) -> str | None:
+    """Why the workers' mean loss at `step` says the training diverged although every value
+    stayed finite, against the job's first loss (`first`: its step and value), or None."""
+    if first is None or not math.isfinite(loss):
+        return None
+    first_step, first_loss = first
+    if loss <= GROWTH_FACTOR * abs(first_loss) or loss - first_loss <= GROWTH_MARGIN:
+        return None
+    return (
+        f"the workers' mean loss grew from {first_loss:.4g} (step {first_step}) to {loss:.4g} "
+        f"(step {step}), more than {GROWTH_FACTOR:g} times, though every value stayed finite: "
+        "the training diverged; lower the learning rate"
+    )

@@ -50,6 +50,7 @@ class Link:
         self.finished = threading.Event()  # the chief says training is over
         self.step = 0  # the global step last seen
         self.loss = math.nan
+        self.first_loss: dict[str, float] = {}  # its first finite loss and step, heartbeaten
         self.times = timing.StepTimes()
         self.waiting = ""  # what the worker waits for now: its heartbeats say it
         self.drained = False  # its training is over; it waits for the chief to end the job
@@ -81,10 +82,17 @@ class Link:
             step=self.step,
             loss=self.loss,
             done=done,
-            metrics={**self.times.means(), **self.diverged},
+            metrics={**self.times.means(), **self.diverged, **self.first_loss},
             examples_per_second=self.times.examples_per_second(),
             waiting="" if done else self.waiting,
         )
+
+    def record_loss(self, loss: float) -> None:
+        """The loss of the step under way; the first finite one stays, for the chief's check
+        that training did not only get worse (`divergence.grown`)."""
+        self.loss = loss
+        if not self.first_loss and math.isfinite(loss):
+            self.first_loss = divergence.first_loss_report(step=self.step, loss=loss)
 
     def _heartbeats(self, *, every: float) -> None:
         while not self.finished.wait(every):

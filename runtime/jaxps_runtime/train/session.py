@@ -245,7 +245,7 @@ class Session:
         named = {name: np.asarray(g) for name, g in grads.items()}
         dense = [name for name in named if name not in (rows or {})]
         if loss is not None:
-            self.link.loss = float(loss)
+            self.link.record_loss(float(loss))
             self.task.metrics.loss.set(self.link.loss)
         if finite is None:
             finite = all(np.isfinite(g).all() for g in named.values()) and (

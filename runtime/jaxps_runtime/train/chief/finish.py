@@ -26,7 +26,7 @@ import numpy as np
 from jaxps_runtime.client.psclient import PsClient, PsClientError
 from jaxps_runtime.config import cluster
 from jaxps_runtime.process import termination
-from jaxps_runtime.train import checkpoint, outcome, summaries
+from jaxps_runtime.train import checkpoint, divergence, outcome, summaries
 from jaxps_runtime.train.chief.checkpointer import Checkpointer
 from jaxps_runtime.train.coordinator import Member, Membership
 from jaxps_runtime.train.task import Task
@@ -82,6 +82,11 @@ class Finish:
             raise outcome.DivergedError(
                 f"the final parameters of step {step} are not finite: {', '.join(not_finite)}"
             )
+        members = self.membership
+        first = divergence.first_loss(members.members(), workers=members.workers)
+        grew = divergence.grown(first, step=step, loss=members.mean_loss())
+        if grew is not None:  # nor with one that only got worse
+            raise outcome.DivergedError(grew)
         if evaluator is not None and evaluator.done and evaluator.metrics:
             evaluation = dict(evaluator.metrics)  # the evaluator wrote them to TensorBoard
         else:
