@@ -29,6 +29,7 @@ import yaml
 from jaxps_runtime.config import yamltext
 
 GROUP, VERSION, KIND, PLURAL = "jaxps.dev", "v1alpha1", "TrainingJob", "trainingjobs"
+INT64 = (-(2**63), 2**63 - 1)  # an integer field's range, as Kubernetes stores it
 API_VERSION = f"{GROUP}/{VERSION}"
 
 
@@ -113,6 +114,15 @@ def _check(node: Any, schema: Mapping[str, Any], path: str, out: list[Problem]) 
                 )
             )
             return
+    if kind == "integer" and not INT64[0] <= node <= INT64[1]:
+        out.append(  # the apiserver's JSON decoder refuses it; its CEL rules would overflow
+            Problem(
+                path,
+                f"Invalid value: {_show(node)}: {path} in body must be a 64-bit integer "
+                f"({INT64[0]}..{INT64[1]})",
+            )
+        )
+        return
     if "enum" in schema and node not in schema["enum"]:
         allowed = ", ".join(json.dumps(v) for v in schema["enum"])
         out.append(Problem(path, f"Unsupported value: {_show(node)}: supported values: {allowed}"))

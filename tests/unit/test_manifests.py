@@ -369,3 +369,20 @@ def test_a_learning_rate_written_with_an_exponent_is_valid_and_reaches_the_runti
     path = tmp_path / "job.yaml"
     path.write_text(text)
     assert cli.main(["validate", str(path)]) == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("spec.training.steps", 10**20),
+        ("spec.training.seed", 2**64),
+        ("spec.training.steps", -(2**63) - 1),
+    ],
+)
+def test_an_integer_beyond_64_bits_is_refused_naming_its_field(path: str, value: int) -> None:
+    """It made every CEL rule report an overflow, none naming the field."""
+    with pytest.raises(schema.InvalidManifestError) as caught:
+        schema.validate(change(path, value))
+    [problem] = caught.value.problems
+    assert str(problem).startswith(f"{path}: Invalid value: {value}"), problem
+    assert "must be a 64-bit integer" in str(problem)
