@@ -146,8 +146,10 @@ def _batch_problems(state: Task) -> list[str]:
     labels = models.label_problem(state.model, batch)
     if labels is not None:
         return [f"dataset {training.dataset.name!r}, its first batch: {labels}"]
+    with outcome.user_code("the model's init", task=state.name):  # its error, not the data's
+        shapes = state.shapes
     try:
-        jax.eval_shape(state.model.loss, state.shapes, batch)
+        jax.eval_shape(state.model.loss, shapes, batch)
     except Exception as err:  # whatever the model raises on these shapes
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return [

@@ -543,3 +543,13 @@ def test_a_loss_that_only_grew_though_finite_fails_diverged_not_succeeded(tmp_pa
     message = _failed(run, "Diverged")
     assert re.search(r"the workers' mean loss grew from 2\.\d+ \(step 0\) to ", message), message
     assert "though every value stayed finite" in message, message
+
+
+def test_a_model_whose_init_raises_fails_the_job_naming_init_not_the_dataset(
+    tmp_path: Path,
+) -> None:
+    run = jaxps_local(tmp_path, faulty_job("raising-init", model={"initRaises": True}))
+    message = _failed(run, "UserCodeError")
+    assert "the model's init raised RuntimeError: faulty init: no parameters to give" in message
+    assert f"{FAULTY_FILE}:{faulty.INIT_RAISES_LINE} in init" in message, message
+    assert "cannot train on dataset" not in message, message

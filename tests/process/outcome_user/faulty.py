@@ -53,13 +53,16 @@ _TEST_EXAMPLES = 256
 class FaultyModel:
     """``y ~ x @ w + b`` on the mean squared error; parameters start at zero."""
 
-    def __init__(self, *, features: int, evaluate_raises: bool) -> None:
+    def __init__(self, *, features: int, evaluate_raises: bool, init_raises: bool = False) -> None:
         self.features = features
         self.evaluate_raises = evaluate_raises
+        self.init_raises = init_raises
         self.sparse: Mapping[str, str] = {}
 
     def init(self, key: jax.Array) -> dict[str, jax.Array]:
         del key
+        if self.init_raises:
+            raise RuntimeError("faulty init: no parameters to give")  # INIT
         return {"w": jnp.zeros((self.features,), jnp.float32), "b": jnp.zeros((1,), jnp.float32)}
 
     def loss(self, params: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]) -> jax.Array:
@@ -153,6 +156,7 @@ def _line(marker: str) -> int:
 
 RAISES_LINE = _line("RAISES")
 EVALUATE_RAISES_LINE = _line("EVALUATE")
+INIT_RAISES_LINE = _line("INIT")
 
 
 def _optional_count(kwargs: dict[str, Any], key: str) -> int | None:
@@ -163,10 +167,11 @@ def _optional_count(kwargs: dict[str, Any], key: str) -> int | None:
 
 
 def make_model(**kwargs: Any) -> FaultyModel:
-    """``features`` (default 8), ``evaluateRaises`` (false)."""
+    """``features`` (default 8), ``evaluateRaises`` (false), ``initRaises`` (false)."""
     model = FaultyModel(
         features=int(kwargs.pop("features", 8)),
         evaluate_raises=bool(kwargs.pop("evaluateRaises", False)),
+        init_raises=bool(kwargs.pop("initRaises", False)),
     )
     if kwargs:
         raise TypeError(f"unknown arguments {sorted(kwargs)}")
