@@ -148,16 +148,30 @@ def _batch_problems(state: Task) -> list[str]:
         return [f"dataset {training.dataset.name!r}, its first batch: {labels}"]
     with outcome.user_code("the model's init", task=state.name):  # its error, not the data's
         shapes = state.shapes
+    model = training.model.module or training.model.name
     try:
-        jax.eval_shape(state.model.loss, shapes, batch)
+        loss = jax.eval_shape(state.model.loss, shapes, batch)
     except Exception as err:  # whatever the model raises on these shapes
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return [
-            f"model {training.model.module or training.model.name!r} cannot train on dataset "
-            f"{training.dataset.name!r}: its batches are {{{shown}}}; {type(err).__name__}: "
-            f"{first}"
+            f"model {model!r} cannot train on dataset {training.dataset.name!r}: its batches "
+            f"are {{{shown}}}; {type(err).__name__}: {first}"
         ]
+    if getattr(loss, "shape", None) != () or getattr(loss, "dtype", None) is None:
+        return [  # jax.grad would refuse it mid-step, naming jaxps' own frame
+            f"model {model!r}: its loss on a batch of dataset {training.dataset.name!r} "
+            f"({{{shown}}}) is {_shape_of(loss)}; it must be a scalar (one float)"
+        ]
+    if not jax.numpy.issubdtype(loss.dtype, jax.numpy.floating):
+        return [f"model {model!r}: its loss is of dtype {loss.dtype}; it must be a float"]
     return []
+
+
+def _shape_of(value: object) -> str:
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None:
+        return f"a {type(value).__name__}, not an array"
+    return f"{dtype}{list(shape)}"
 
 
 def _final(failure: outcome.JobFailure) -> int:

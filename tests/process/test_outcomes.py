@@ -553,3 +553,11 @@ def test_a_model_whose_init_raises_fails_the_job_naming_init_not_the_dataset(
     assert "the model's init raised RuntimeError: faulty init: no parameters to give" in message
     assert f"{FAULTY_FILE}:{faulty.INIT_RAISES_LINE} in init" in message, message
     assert "cannot train on dataset" not in message, message
+
+
+def test_a_loss_that_is_not_a_scalar_is_refused_at_start_naming_its_shape(tmp_path: Path) -> None:
+    """jax.grad refused it at the first step, and the message named jaxps' own frame."""
+    run = jaxps_local(tmp_path, faulty_job("vector-loss", model={"vectorLoss": True}))
+    message = _failed(run, "InvalidTraining")
+    assert "its loss on a batch of dataset" in message, message
+    assert "is float32[16]; it must be a scalar (one float)" in message, message

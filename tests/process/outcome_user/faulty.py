@@ -53,10 +53,17 @@ _TEST_EXAMPLES = 256
 class FaultyModel:
     """``y ~ x @ w + b`` on the mean squared error; parameters start at zero."""
 
-    def __init__(self, *, features: int, evaluate_raises: bool, init_raises: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        features: int,
+        evaluate_raises: bool,
+        init_raises: bool = False,
+        vector_loss: bool = False,
+    ) -> None:
         self.features = features
         self.evaluate_raises = evaluate_raises
-        self.init_raises = init_raises
+        self.init_raises, self.vector_loss = init_raises, vector_loss
         self.sparse: Mapping[str, str] = {}
 
     def init(self, key: jax.Array) -> dict[str, jax.Array]:
@@ -67,7 +74,8 @@ class FaultyModel:
 
     def loss(self, params: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]) -> jax.Array:
         prediction = batch["x"] @ params["w"] + params["b"][0]
-        return jnp.mean((prediction - batch["y"]) ** 2)
+        errors = (prediction - batch["y"]) ** 2
+        return errors if self.vector_loss else jnp.mean(errors)
 
     def evaluate(
         self, params: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]
@@ -167,11 +175,13 @@ def _optional_count(kwargs: dict[str, Any], key: str) -> int | None:
 
 
 def make_model(**kwargs: Any) -> FaultyModel:
-    """``features`` (default 8), ``evaluateRaises`` (false), ``initRaises`` (false)."""
+    """``features`` (default 8), ``evaluateRaises`` (false), ``initRaises`` (false),
+    ``vectorLoss`` (false: the loss is one error per example, not their mean)."""
     model = FaultyModel(
         features=int(kwargs.pop("features", 8)),
         evaluate_raises=bool(kwargs.pop("evaluateRaises", False)),
         init_raises=bool(kwargs.pop("initRaises", False)),
+        vector_loss=bool(kwargs.pop("vectorLoss", False)),
     )
     if kwargs:
         raise TypeError(f"unknown arguments {sorted(kwargs)}")
