@@ -508,6 +508,7 @@ def test_a_program_stuck_in_its_own_code_on_worker_0_fails_stalled_and_ends(
     run = jaxps_local(tmp_path, _program_job("hangs", "hangs", progressTimeoutSeconds=10))
     message = _failed(run, "Stalled")
     assert "the global step has not moved" in message, message
+    assert "worker-0 waits for nothing of jaxps: it was last in its own step's code" in message
     assert "did not return within" in run.log("worker-0"), run.logs()
 
 

@@ -62,6 +62,14 @@ log = logging.getLogger(__name__)
 Rows = Mapping[str, tuple[np.ndarray, np.ndarray]]  # {table: (row ids, gradient rows)}
 
 
+# What a worker's heartbeats say it waits for once a call of the session returned: the chief's
+# Stalled message then points at the worker's own code, not at the call before.
+IN_OWN_CODE = (
+    "nothing of jaxps: it was last in its own step's code (the model's loss and gradients, "
+    "or its training.program between two calls of its session)"
+)
+
+
 class Session:
     """One worker's session (also worker 0's when the job has no chief). `global_step`: the step
     of the last pull or push; `over`: the last step is reached."""
@@ -181,6 +189,7 @@ class Session:
         with outcome.user_code("the dataset's train_batch", task=self.task.name):
             batch = self.plan.read(self.task.dataset, epoch=at.epoch, batch=at.batch)
         self._examples = len(next(iter(batch.values()))) if batch else 0
+        self.link.waiting = IN_OWN_CODE
         return batch
 
     def pull(
@@ -223,6 +232,7 @@ class Session:
         if step >= self.task.training.steps:
             self._over = True
         self._marks = [*self._marks[:1], time.perf_counter()]
+        self.link.waiting = IN_OWN_CODE
         return values
 
     def push(
@@ -293,7 +303,7 @@ class Session:
             examples=self._examples,
             step=step,
         )
-        self._marks, self._examples = [], 0
+        self._marks, self._examples, self.link.waiting = [], 0, IN_OWN_CODE
         return applied
 
     def params(self) -> Any:
