@@ -90,3 +90,35 @@ def test_each_cause_exits_with_a_final_code_the_control_plane_maps_to_its_reason
 ) -> None:
     assert cause.exit_code == code
     assert config.FINAL_EXITS[code] == reason == cause.reason
+
+
+def test_an_error_carrying_a_host_callbacks_traceback_names_its_last_line_and_the_users_frame(
+    tmp_path: Path,
+) -> None:
+    """JAX raises a host callback's exception as an error whose words are that traceback; the
+    message named its first line ("Traceback ...") and jaxps' own frame."""
+    users = tmp_path / "mymodel.py"
+    words = textwrap.dedent(
+        f"""\
+        {outcome._TRACEBACK}
+          File "{sys.prefix}/lib/python3/site-packages/jax/_src/callback.py", line 90, in cb
+            return fn(*args)
+          File "{users}", line 29, in on_host
+            raise RuntimeError("host callback boom")
+        RuntimeError: host callback boom
+        """
+    )
+    said = outcome.describe("the model's loss", ValueError(words))
+    assert said.startswith("the model's loss raised ValueError: RuntimeError: host callback boom")
+    assert said.endswith(f"(at {users}:29 in on_host)"), said
+
+
+def test_sys_exit_0_in_users_code_is_a_users_error_and_another_code_passes_through() -> None:
+    program = outcome.user_code("training.program 'p:main'", task="worker-0")
+    exit_0 = pytest.raises(outcome.UserCodeError, match=r"raised SystemExit: 0 .*sys.exit before")
+    with exit_0, program:
+        sys.exit(0)
+    failing = outcome.user_code("training.program 'p:main'", task="worker-0")
+    with pytest.raises(SystemExit) as exited, failing:
+        sys.exit(3)
+    assert exited.value.code == 3

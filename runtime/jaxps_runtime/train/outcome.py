@@ -18,6 +18,7 @@ Standard library only; pure but for `user_code`'s re-raise.
 
 from __future__ import annotations
 
+import re
 import sys
 import sysconfig
 import traceback
@@ -93,11 +94,25 @@ def place(tb: TracebackType | None) -> str:
     return f"{frame.filename}:{frame.lineno} in {frame.name}"
 
 
+_TRACEBACK = "Traceback (most recent call last):"
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)')
+
+
 def describe(what: str, err: BaseException) -> str:
-    """One line: what raised, the exception's type and first line of words, and where."""
-    words = str(err).strip().splitlines()
+    """One line: what raised, the exception's type and first line of words, and where. An
+    error that carries another's traceback as its words (JAX's for a host callback that
+    raised) is told by that one's last line and its innermost frame of the user's."""
+    text = str(err).strip()
+    words, where = text.splitlines(), place(err.__traceback__)
+    if _TRACEBACK in text:
+        inner = text[text.index(_TRACEBACK) :].splitlines()
+        last = [line.strip() for line in inner[1:] if line.strip() and not line.startswith(" ")]
+        frames = [m for m in _FRAME.finditer(text) if _is_users(m["file"])]
+        words = last[-1:] or words
+        if frames:
+            where = f"{frames[-1]['file']}:{frames[-1]['line']} in {frames[-1]['name']}"
     said = f": {words[0]}" if words else ""
-    return f"{what} raised {type(err).__name__}{said} (at {place(err.__traceback__)})"
+    return f"{what} raised {type(err).__name__}{said} (at {where})"
 
 
 @contextmanager
