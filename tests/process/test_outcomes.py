@@ -458,8 +458,9 @@ def test_a_task_killed_in_any_phase_still_succeeds_with_the_export_written(
 # --- a user's own loop that goes astray -------------------------------------------------------
 
 
-def _program_job(name: str, program: str, **training: Any) -> dict[str, Any]:
-    """1 ps and 2 workers running `outcome_user/wayward.py`'s `program` on digits."""
+def _digits_job(name: str, **training: Any) -> dict[str, Any]:
+    """1 ps and 2 workers training on digits, sync, 60 steps; `training` names the model or
+    the program, and overrides the rest."""
     return {
         "apiVersion": "jaxps.dev/v1alpha1",
         "kind": "TrainingJob",
@@ -467,7 +468,6 @@ def _program_job(name: str, program: str, **training: Any) -> dict[str, Any]:
         "spec": {
             "replicaSpecs": {"ps": {"replicas": 1}, "worker": {"replicas": 2}},
             "training": {
-                "program": f"wayward:{program}",
                 "dataset": {"name": "digits"},
                 "mode": "sync",
                 "steps": 60,
@@ -479,6 +479,11 @@ def _program_job(name: str, program: str, **training: Any) -> dict[str, Any]:
             },
         },
     }
+
+
+def _program_job(name: str, program: str, **training: Any) -> dict[str, Any]:
+    """`_digits_job` running `outcome_user/wayward.py`'s `program`."""
+    return _digits_job(name, program=f"wayward:{program}", **training)
 
 
 def test_a_program_calling_sys_exit_0_before_training_fails_the_job_as_users_code(
@@ -523,10 +528,11 @@ def test_labels_outside_the_models_classes_fail_the_job_as_invalid_training(
     labels = rng.integers(0, 10, 400).astype(np.int32)
     labels[::4] = label
     np.savez(data, x=rng.normal(size=(400, 64)).astype(np.float32), y=labels)
-    job = _program_job("labels", "unused")
-    del job["spec"]["training"]["program"]
-    job["spec"]["training"]["model"] = {"name": "mlp", "kwargs": {"hidden": [16]}}
-    job["spec"]["training"]["dataset"] = {"name": "arrays", "kwargs": {"path": str(data)}}
+    job = _digits_job(
+        "labels",
+        model={"name": "mlp", "kwargs": {"hidden": [16]}},
+        dataset={"name": "arrays", "kwargs": {"path": str(data)}},
+    )
     run = jaxps_local(tmp_path, job)
     message = _failed(run, "InvalidTraining")
     assert f"a label {label}, but model mlp has 10 classes (labels 0..9)" in message, message
@@ -536,10 +542,12 @@ def test_labels_outside_the_models_classes_fail_the_job_as_invalid_training(
 def test_a_loss_that_only_grew_though_finite_fails_diverged_not_succeeded(tmp_path: Path) -> None:
     """sgd at 1e6: every value stays finite, the loss goes from about 2.3 to hundreds of
     thousands and the model predicts at chance; it was reported Succeeded."""
-    job = _program_job("grew", "unused", steps=50)
-    del job["spec"]["training"]["program"]
-    job["spec"]["training"]["model"] = {"name": "mlp", "kwargs": {"hidden": [16]}}
-    job["spec"]["training"]["optimizer"] = {"name": "sgd", "kwargs": {"learning_rate": 1e6}}
+    job = _digits_job(
+        "grew",
+        model={"name": "mlp", "kwargs": {"hidden": [16]}},
+        optimizer={"name": "sgd", "kwargs": {"learning_rate": 1e6}},
+        steps=50,
+    )
     run = jaxps_local(tmp_path, job)
     message = _failed(run, "Diverged")
     assert re.search(r"the workers' mean loss grew from 2\.\d+ \(step 0\) to ", message), message
