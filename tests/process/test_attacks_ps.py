@@ -192,11 +192,6 @@ ATTACKS = {
     "more bytes than the tensors hold": Attack(
         [_spec(DENSE, [8, 4])], ("132", "128"), extra_bytes=4
     ),
-    "a data epoch that cannot have started": Attack(
-        [_spec(DENSE, [8, 4])],
-        ("Update.shard", "data epoch 1000000000000 cannot have started", "data epoch 0 at most"),
-        shard=f"{10**12}:0",
-    ),
 }
 
 

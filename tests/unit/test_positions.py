@@ -78,20 +78,6 @@ def test_a_cursor_before_the_first_batch_is_refused_as_a_gap(cursor: int) -> Non
     assert "is no position of a data shard" in refused
 
 
-def test_a_data_epoch_more_than_one_past_the_newest_settled_is_invalid() -> None:
-    positions = Positions()
-    _claimed(positions, shard="1:0", cursor=1, lease=1)  # epoch 1 may start on a fresh ps
-    with pytest.raises(InvalidPositionError, match="data epoch 2 cannot have started"):
-        positions.claim(shard="2:0", cursor=1, lease=2)
-    positions.settle([_claimed(positions, shard="0:5", cursor=1, lease=3)])
-    positions.settle([_claimed(positions, shard="1:1", cursor=1, lease=4)])
-    _claimed(positions, shard="2:0", cursor=1, lease=5)  # epoch 1 settled here: 2 may start
-    restored = Positions({"7:3": 2})  # a checkpoint's
-    _claimed(restored, shard="8:0", cursor=1, lease=1)
-    with pytest.raises(InvalidPositionError, match="data epoch 7 at most"):
-        restored.claim(shard="9:0", cursor=1, lease=1)
-
-
 def test_a_batch_being_applied_is_refused_as_busy_until_it_is_dropped() -> None:
     positions = Positions()
     claim = _claimed(positions, shard="1:0", cursor=1, lease=4)

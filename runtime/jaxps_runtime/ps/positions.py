@@ -61,19 +61,14 @@ class Positions:
         return parsed[0] if parsed else -1
 
     def problem(self, shard: str) -> str | None:
-        """What makes `shard` no data shard an honest worker could push: not a shard key, or
-        of a data epoch more than one past the newest settled here (the chief starts an epoch
-        only once every ps applied the one before). None when it could be."""
-        parsed = terms.parse_shard_key(shard)
-        if parsed is None:
+        """What makes `shard` no data shard an honest worker could push (not a shard key), or
+        None. Its epoch is not bounded: a ps restored from a checkpoint (its pod's standby took
+        over) is pushed batches of epochs past the checkpoint's until the chief rolls the whole
+        tier back."""
+        if terms.parse_shard_key(shard) is None:
             return (
                 f'{shard[:64]!r} is no data shard ("<epoch>:<shard>", each a number of at '
                 f"most {terms.SHARD_KEY_DIGITS} ASCII digits)"
-            )
-        if parsed[0] > self._floor + 1:
-            return (
-                f"data epoch {parsed[0]} cannot have started: this ps has applied data epoch "
-                f"{self._floor} at most, and an epoch starts once the one before is applied"
             )
         return None
 
