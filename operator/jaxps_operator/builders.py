@@ -49,7 +49,10 @@ RESERVED_ENV = (
     "JAXPS_METRICS_PORT",
     "JAXPS_TLS_DIR",
     "JAXPS_POD_IP",
+    "JAXPS_TERMINATION_LOG",
 )
+# Where a container's termination message is read unless its template says otherwise
+TERMINATION_LOG = "/dev/termination-log"
 TLS_DIR = "/var/run/jaxps/tls"  # where a pod's credentials are mounted
 TLS_VOLUME = "jaxps-tls"
 RUNTIME_GID = 65532  # docker/runtime.Dockerfile's USER
@@ -276,6 +279,12 @@ def pod(
         {"name": "JAXPS_JOB_UID", "value": job["metadata"].get("uid") or job["metadata"]["name"]},
         {"name": "JAXPS_METRICS_PORT", "value": str(metrics)},
         {"name": "JAXPS_TLS_DIR", "value": network.tls_dirs.get(name, TLS_DIR)},
+        # the file the kubelet reads the task's last words from (the chief's outcome): the
+        # template's terminationMessagePath when it sets one
+        {
+            "name": "JAXPS_TERMINATION_LOG",
+            "value": str(main.get("terminationMessagePath") or TERMINATION_LOG),
+        },
         # where the metrics and health port listens (the kubelet and the operator dial it)
         {"name": "JAXPS_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]

@@ -18,6 +18,7 @@ running it twice on the same input gives the same Plan. One pass, in order:
    to a value the runtime would refuse (InvalidTemplate);
 3. success (`policy.success`) before failure: a chief that succeeded, or recorded its final
    summary before it was killed, ends the job Succeeded even when a ps failed in the same pass;
+   one that exited 0 without its summary fails it (NoOutcome);
 4. children (`builders`): the headless Service, the Secret of the job's credentials and its
    NetworkPolicy when missing; then, for a job in a Kueue queue, admission
    (`policy.admission`): no pod until Kueue admits it, its pods stopped when evicted; then the
@@ -204,6 +205,10 @@ def _run(
     who = success.succeeded(job, pods)
     if who is not None:  # the outcome is recorded: no pod failing now changes it
         status.finish(succeeded=True, reason="JobSucceeded", message=f"{who} succeeded")
+        return
+    early = success.without_outcome(job, pods)
+    if early is not None:  # exit 0 is no outcome without the summary
+        status.finish(succeeded=False, reason="NoOutcome", message=early)
         return
     if not service_exists:
         out.create.append(builders.service(job))

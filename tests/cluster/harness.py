@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "jaxps.dev", "v1alpha1", "trainingjobs"
 LABEL_JOB = "jaxps.dev/job-name"
 T = TypeVar("T")
+# What the runtime's chief leaves in its termination log once training is over
+DONE = '{"event": "done", "step": 1}'
 
 
 def wait_for(
@@ -343,12 +345,15 @@ class Jobs:
         message: str | None = None,
     ) -> None:
         """What a kubelet would write: the phase, the container's state (with its termination
-        `message`), the Ready condition."""
+        `message`; by default the final summary for exit 0, as the runtime's chief leaves it),
+        the Ready condition."""
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         if phase == "Running":
             state: dict[str, Any] = {"running": {"startedAt": now}}
         elif phase in ("Succeeded", "Failed"):
             code = exit_code if exit_code is not None else (0 if phase == "Succeeded" else 1)
+            if message is None and (phase, code) == ("Succeeded", 0):
+                message = DONE  # a task that trained to the end: the chief's summary
             state = {
                 "terminated": {
                     "exitCode": code,

@@ -496,6 +496,17 @@ def test_a_program_calling_sys_exit_0_before_training_fails_the_job_as_users_cod
     assert run.status["restarts"] == 0, run.logs()
 
 
+def test_a_program_ending_its_process_with_exit_0_fails_the_job_no_outcome(tmp_path: Path) -> None:
+    """os._exit(0) raises nothing: worker 0 (the chief) ends with exit 0 and no summary, which
+    was read as Succeeded with nothing trained."""
+    run = jaxps_local(tmp_path, _program_job("vanishes", "vanishes"))
+    message = _failed(run, "NoOutcome")
+    assert message.startswith(
+        "worker 0 (pod vanishes-worker-0) exited 0 without recording the job's outcome"
+    ), message
+    assert run.status["restarts"] == 0, run.logs()
+
+
 def test_a_program_leaving_its_session_early_fails_the_job_at_once_saying_so(
     tmp_path: Path,
 ) -> None:

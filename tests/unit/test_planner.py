@@ -52,10 +52,15 @@ def job(
     return validated
 
 
+# What a task that trained to the end leaves in its termination log (the chief's summary)
+DONE = '{"event": "done", "step": 10}'
+
+
 def pods(
     j: dict[str, Any], phase: str = "Running", /, **overrides: tuple[str, int | None]
 ) -> list[PodState]:
-    """Every pod of the job in `phase`; overrides: name=(phase, exit code)."""
+    """Every pod of the job in `phase`; overrides: name=(phase, exit code). A pod that
+    Succeeded with exit 0 holds the final summary, as the runtime's chief writes it."""
     out = []
     for role, count in builders.replicas(j).items():
         for index in range(count):
@@ -69,6 +74,7 @@ def pods(
                     phase=ph,
                     ready=ph == "Running",
                     exit_code=code,
+                    message=DONE if (ph, code) == ("Succeeded", 0) else "",
                 )
             )
     return out
@@ -820,6 +826,24 @@ def test_a_chief_killed_after_recording_its_summary_succeeded() -> None:
     assert "worker 0 (its final summary was recorded" in succeeded["message"]
     assert cond(result.status, "Failed") is None
     assert result.status["progress"]["step"] == 10
+
+
+@pytest.mark.parametrize("chief", [0, 1], ids=["worker-0", "chief"])
+def test_a_chief_that_exited_0_without_its_summary_fails_the_job_no_outcome(chief: int) -> None:
+    j = job(chief=chief)
+    step(j, pods(j))
+    role = "chief" if chief else "worker"
+    name = f"tj-{role}-0"
+    early = PodState(name, role, 0, "Succeeded", exit_code=0, message="")
+    result = step(j, replaced_by(j, name, early))
+    assert cond(result.status, "Succeeded") is None
+    failed = cond(result.status, "Failed")
+    assert failed is not None
+    assert failed["reason"] == "NoOutcome"
+    assert (
+        f"{role} 0 (pod {name}) exited 0 without recording the job's outcome" in (failed["message"])
+    )
+    assert result.replaced == []
 
 
 def test_a_chief_killed_before_its_summary_is_replaced() -> None:

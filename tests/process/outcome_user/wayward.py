@@ -53,3 +53,9 @@ def hangs() -> None:
     """Hangs in its own code on worker 0 (the job's chief) at its 5th batch."""
     task = json.loads(os.environ["TF_CONFIG"])["task"]
     _loop(hang_at=5 if (task["type"], task["index"]) == ("worker", 0) else None)
+
+
+def vanishes() -> None:
+    """Ends its process with os._exit(0) before it opens its session: no exception, no summary,
+    exit code 0."""
+    os._exit(0)

@@ -112,7 +112,7 @@ class Finish:
         )
         log.info("done: step %d, eval %s", step, done["eval"])
         line = json.dumps(done)
-        termination.write([line])  # the outcome, recorded
+        termination.write([recorded(done)])  # the outcome, recorded
         print(line, flush=True)
         self._tell_stop()
         try:
@@ -205,6 +205,33 @@ def summary(
         "checkpointError": checkpoint_error,
         "recoveries": recoveries,
     }
+
+
+def recorded(done: dict[str, Any], limit: int = termination.LIMIT_BYTES) -> str:
+    """The summary `done` as one JSON line that the termination log keeps whole (`limit` bytes
+    with its line break): the control plane reads the job's outcome there, and a cut line is
+    no summary. A long history is shortened, the oldest recoveries first (`recoveriesLeftOut`
+    counts them), then evaluation metrics past those that fit (`evalLeftOut`), then a long
+    checkpoint error; stdout keeps the whole summary."""
+    fitted = dict(done)
+
+    def fits() -> bool:
+        return len(json.dumps(fitted).encode()) < limit
+
+    recoveries = list(fitted.get("recoveries") or [])
+    while recoveries and not fits():
+        recoveries.pop(0)
+        fitted["recoveries"] = recoveries
+        fitted["recoveriesLeftOut"] = len(done["recoveries"]) - len(recoveries)
+    evaluation = dict(fitted.get("eval") or {})
+    while evaluation and not fits():
+        evaluation.popitem()
+        fitted["eval"] = evaluation
+        fitted["evalLeftOut"] = len(done["eval"]) - len(evaluation)
+    error = fitted.get("checkpointError")
+    if isinstance(error, str) and not fits():
+        fitted["checkpointError"] = error[: max(0, limit // 4)] + "..."
+    return json.dumps(fitted)
 
 
 def _number(value: float) -> float | None:
