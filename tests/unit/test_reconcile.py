@@ -421,6 +421,21 @@ def test_pods_mount_their_own_certificate_and_key_and_the_ca_only() -> None:
     assert pod["spec"]["securityContext"]["fsGroup"] == builders.RUNTIME_GID
 
 
+@pytest.mark.parametrize("path", [None, "/var/log/last-words"])
+def test_a_task_writes_its_last_words_where_its_container_has_them_read(path: str | None) -> None:
+    """The chief's outcome is its termination message: a template that moves the file moves
+    where the runtime writes it, or the job would end with no outcome."""
+    m = manifest()
+    if path is not None:
+        m["spec"]["replicaSpecs"]["worker"]["template"] = {
+            "spec": {"containers": [{"name": "jaxps", "terminationMessagePath": path}]}
+        }
+    j = schema.validate(m)
+    pod = builders.pod(j, "worker", 0, network=builders.dns_network(j))
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["JAXPS_TERMINATION_LOG"] == (path or "/dev/termination-log")
+
+
 def test_a_network_policy_admits_the_jobs_own_pods_and_the_operator_to_metrics() -> None:
     policy = builders.network_policy(schema.validate(manifest()))
     own = {"matchLabels": {builders.LABEL_JOB: "tj"}}
