@@ -21,6 +21,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from jaxps_operator import builders, local, schema, terminal_chart
@@ -32,13 +33,13 @@ def _load(path: Path, console: Console) -> dict[str, Any] | None:
     try:
         text = path.read_text()
     except OSError as err:
-        console.print(f"[red]{path}: cannot read it: {err.strerror}[/red]")
+        console.print(f"[red]{escape(str(path))}: cannot read it: {escape(str(err.strerror))}[/red]")
         return None
     try:
         return schema.load(text)
     except schema.InvalidManifestError as err:
         console.print(
-            f"[red]{path}: invalid TrainingJob ({len(err.problems)} "
+            f"[red]{escape(str(path))}: invalid TrainingJob ({len(err.problems)} "
             f"problem{'s' if len(err.problems) > 1 else ''}):[/red]",
             highlight=False,
         )
@@ -81,10 +82,12 @@ def progress_line(job: dict[str, Any], *, rate: float | None = None) -> str:
     loss = _number(progress.get("loss"))
     if loss is not None and step > 0:
         parts.append(f"loss {loss:.4f}")
-    speed = rate or _number(progress.get("stepsPerSecond"))
-    if speed:
+    # the recent rate, 0 too while the step stands still: the chief's mean would show a
+    # speed and an ETA that do not move
+    speed = rate if rate is not None else _number(progress.get("stepsPerSecond"))
+    if speed is not None and (speed > 0 or rate is not None):
         parts.append(f"{speed:.1f} steps/s")
-        if step < steps:
+        if speed > 0 and step < steps:
             parts.append(f"ETA {_duration((steps - step) / speed)}")
     evals = {k: v for k, v in (progress.get("eval") or {}).items() if _number(v) is not None}
     if evals:
@@ -141,7 +144,7 @@ def _table(
     table = Table(
         title=(
             f"TrainingJob {job['metadata']['name']}  [bold]{status.get('state', '?')}[/bold]  "
-            f"{progress_line(job, rate=rate)}  restarts {status.get('restarts', 0)}  "
+            f"{escape(progress_line(job, rate=rate))}  restarts {status.get('restarts', 0)}  "
             f"{time.monotonic() - started:.0f} s"
         ),
         title_justify="left",
@@ -169,7 +172,7 @@ def _table(
             name,
             state,
             str(restarts.get(role, {}).get("restarts", 0)),
-            str(runner.workdir / f"{name}.log"),
+            escape(str(runner.workdir / f"{name}.log")),
         )
     return table
 
@@ -193,14 +196,15 @@ def run_local(args: argparse.Namespace) -> int:
             else local.default_workdir(job["metadata"]["name"], root=Path(".work"))
         )
     except local.WorkdirError as err:
-        console.print(f"[red]{err}[/red]", highlight=False)
+        console.print(str(err), style="red", highlight=False, markup=False)
         return EXIT_INVALID
     console.print(
         f"running TrainingJob {job['metadata']['name']}: {', '.join(tasks)}; logs in {workdir}",
         highlight=False,
+        markup=False,
     )
     board = local.local_job(job, Path(workdir))["spec"]["training"]["tensorboard"]["dir"]
-    console.print(f"TensorBoard: tensorboard --logdir {board}", highlight=False)
+    console.print(f"TensorBoard: tensorboard --logdir {board}", highlight=False, markup=False)
     started = time.monotonic()
     live = (
         Live(console=console, refresh_per_second=4, transient=False)
@@ -225,7 +229,8 @@ def run_local(args: argparse.Namespace) -> int:
         elif time.monotonic() - last_print[0] >= 5:
             last_print[0] = time.monotonic()
             state = current["status"].get("state", "Created")
-            console.print(f"{state}: {progress_line(current, rate=rate)}", highlight=False)
+            line = f"{state}: {progress_line(current, rate=rate)}"
+            console.print(line, highlight=False, markup=False)
 
     def terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM (`jaxps.sdk`'s delete, a supervisor): stop every task
@@ -243,9 +248,9 @@ def run_local(args: argparse.Namespace) -> int:
             live.stop()
     state = status["state"]
     final = next((c for c in status.get("conditions", []) if c["type"] == state), None)
-    console.print(
+    console.print(  # a user's words (an exception's, a path) are text, never markup
         f"TrainingJob {job['metadata']['name']}: [bold]{state}[/bold]"
-        + (f" ({final['reason']}: {final['message']})" if final else ""),
+        + (escape(f" ({final['reason']}: {final['message']})") if final else ""),
         highlight=False,
     )
     curve = terminal_chart.chart(losses, label="step")

@@ -95,3 +95,20 @@ def test_the_sdk_creates_follows_and_deletes_a_job_on_the_cluster(
     missing = kubectl_jaxps(jobs, "describe", "mnist")
     assert missing.returncode == 2
     assert "TrainingJob mnist not found" in missing.stderr
+
+
+def test_kubectl_jaxps_describe_shows_a_users_words_in_brackets_as_they_are(
+    jobs: Jobs, operator: Operator
+) -> None:
+    """A user's exception text is in the Failed condition and its Event; rich read `[/x]` in it
+    as markup and `describe` crashed (MarkupError), or dropped `[bold]`."""
+    client = Client.kubernetes(namespace=jobs.namespace, kubeconfig=jobs.cluster.kubeconfig)
+    client.create(mnist())
+    run_all(jobs)
+    client.wait("mnist", "Running", timeout=60, interval=0.2)
+    words = "ValueError: expected [/batch] got [bold]x"
+    jobs.set_phase("mnist-worker-0", "Failed", exit_code=79, message=words)
+    client.wait("mnist", "Failed", timeout=60, interval=0.2)
+    described = kubectl_jaxps(jobs, "describe", "mnist")
+    assert described.returncode == 0, described.stderr
+    assert words in " ".join(described.stdout.split()), described.stdout

@@ -76,6 +76,31 @@ def test_the_progress_line_shows_the_share_done_the_eta_at_the_recent_rate_and_a
     assert cli.progress_line(job, rate=20.0).endswith("eval loss 0.3000")  # no accuracy
 
 
+def test_the_progress_line_of_a_step_standing_still_shows_no_speed_and_no_eta() -> None:
+    """A ps paused: the step stands, and the chief's mean (187 steps/s) would read as if it
+    still ran, with an ETA that never moves."""
+    job = with_progress(step=300, loss=0.25, stepsPerSecond=187.0)
+    assert cli.progress_line(job, rate=0.0) == "step 300/600 (50%)  loss 0.2500  0.0 steps/s"
+
+
+def test_words_in_brackets_are_printed_as_they_are_never_read_as_markup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A path (or a user's exception) with `[/x]` in it crashed the command with rich's
+    MarkupError; `[bold]x` lost its brackets."""
+    missing = tmp_path / "no[/x][bold]file.yaml"
+    assert cli.main(["validate", str(missing)]) == cli.EXIT_INVALID
+    err = capsys.readouterr().err
+    assert f"{missing}: cannot read it" in err.replace("\n", "")
+    under_file = tmp_path / "afile"
+    under_file.write_text("")
+    example = Path(__file__).resolve().parents[2] / "examples" / "mnist.yaml"
+    assert cli.main(["local", str(example), "--workdir", str(under_file / "[/x]")]) == (
+        cli.EXIT_INVALID
+    )
+    assert "[/x]" in capsys.readouterr().err
+
+
 def test_the_progress_line_of_a_finished_job_has_no_eta() -> None:
     job = with_progress(step=600, loss=0.1, stepsPerSecond=40.0, eval={"accuracy": 0.97})
     assert cli.progress_line(job) == (

@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from jaxps.sdk.client import CONDITIONS, REQUEST_SECONDS, Client
 from jaxps.sdk.kubernetes import KubernetesBackend
@@ -171,7 +172,7 @@ def _describe(client: Client, _: KubernetesBackend, args: argparse.Namespace, ou
         ("Eval", ", ".join(f"{k} {v:.4f}" for k, v in p.eval.items()) or "-"),
         ("Restarts", str(job.restarts)),
     ):
-        head.add_row(f"[bold]{key}:[/bold]", value)
+        head.add_row(f"[bold]{key}:[/bold]", Text(value))  # text, never markup
     replicas = Table(title="Replicas", title_justify="left", box=None, header_style="bold")
     for column in ("ROLE", "REPLICAS", "ACTIVE", "READY", "SUCCEEDED", "FAILED", "RESTARTS"):
         replicas.add_column(column)
@@ -183,12 +184,12 @@ def _describe(client: Client, _: KubernetesBackend, args: argparse.Namespace, ou
     for column in ("TYPE", "STATUS", "REASON", "MESSAGE"):
         conditions.add_column(column)
     for c in job.conditions:
-        conditions.add_row(c.type, str(c.status), c.reason, c.message)
+        conditions.add_row(c.type, str(c.status), Text(c.reason), Text(c.message))
     events = Table(title="Events", title_justify="left", box=None, header_style="bold")
     for column in ("AGE", "TYPE", "REASON", "MESSAGE"):
         events.add_column(column)
     for e in client.events(job.name)[-10:]:
-        events.add_row(_age(e.time), e.type, e.reason, e.message)
+        events.add_row(_age(e.time), e.type, Text(e.reason), Text(e.message))
     out.print(Group(head, "", replicas, "", conditions, "", events))
     return EXIT_OK
 
