@@ -33,7 +33,9 @@ def _load(path: Path, console: Console) -> dict[str, Any] | None:
     try:
         text = path.read_text()
     except OSError as err:
-        console.print(f"[red]{escape(str(path))}: cannot read it: {escape(str(err.strerror))}[/red]")
+        console.print(
+            f"[red]{escape(str(path))}: cannot read it: {escape(str(err.strerror))}[/red]"
+        )
         return None
     try:
         return schema.load(text)

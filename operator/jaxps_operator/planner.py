@@ -204,7 +204,15 @@ def _run(
     pods = {(p.role, p.index): p for p in observed}
     who = success.succeeded(job, pods)
     if who is not None:  # the outcome is recorded: no pod failing now changes it
-        status.finish(succeeded=True, reason="JobSucceeded", message=f"{who} succeeded")
+        error = (status.body.get("progress") or {}).get("checkpointError")
+        status.finish(
+            succeeded=True,
+            reason="JobSucceeded",
+            message=f"{who} succeeded"
+            + (f"; but its final checkpoint failed: {error}" if error else ""),
+        )
+        if error:
+            status.event("Warning", "CheckpointFailed", f"the final checkpoint failed: {error}")
         return
     early = success.without_outcome(job, pods)
     if early is not None:  # exit 0 is no outcome without the summary

@@ -10,7 +10,8 @@ the progress final: the last step and the evaluation, which metrics read mid-run
 Pure but for `read_metrics`/`of_task`: the planner computes `status.progress` with `update`.
 Status is strict JSON: a non-finite loss is null with a `note`; `lastCheckpointStep` appears
 only once there is a checkpoint; `stepTime` is when the step last moved (the Stalled clock);
-`data` is the chief's shard queue (`DATA`: epoch, shards, done, leased, leases reclaimed).
+`data` is the chief's shard queue (`DATA`: epoch, shards, done, leased, leases reclaimed);
+`checkpointError` says why the final checkpoint failed (the summary's words).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from jaxps_operator.conditions import stamp
 from jaxps_operator.objects import PodState
 
 TIMEOUT_SECONDS = 1.0
+CHECKPOINT_ERROR_CHARS = 1024  # of the chief's words on a failed final checkpoint
 # The chief's shard queue (`status.progress.data`): metric -> key. Each is there only while the
 # chief serves it (0 shards: a dataset of no known size).
 DATA = {
@@ -101,6 +103,17 @@ def _loss(progress: dict[str, Any], loss: Any, step: int) -> None:
         progress["note"] = f"the loss at step {step} was not finite ({loss})"
 
 
+def _eval_note(progress: dict[str, Any], evaluation: Mapping[str, Any]) -> None:
+    """An evaluation metric that is not finite is left out of `eval` (status is strict JSON):
+    the `note` names it, or it would vanish without a word (a test set with NaN features)."""
+    bad = sorted(k for k, v in evaluation.items() if not _finite(v))
+    if not bad:
+        return
+    said = f"the evaluation's {', '.join(bad)} was not finite"
+    note = progress.get("note")
+    progress["note"] = f"{note}; {said}" if note and said not in note else note or said
+
+
 def _moved(
     progress: dict[str, Any], previous: Mapping[str, Any], *, now: datetime | None, held: bool
 ) -> None:
@@ -138,6 +151,7 @@ def merge(
         progress["eval"] = {k: v for k, v in evals.items() if _finite(v)}
         if not progress["eval"]:
             del progress["eval"]
+        _eval_note(progress, evals)
     data = {key: int(metrics[name]) for name, key in DATA.items() if _finite(metrics.get(name))}
     if data:
         progress["data"] = data
@@ -174,8 +188,13 @@ def final(
         progress["stepsPerSecond"] = done["stepsPerSecond"]
     if _finite(done.get("lastCheckpointStep")) and done["lastCheckpointStep"] > 0:
         progress["lastCheckpointStep"] = done["lastCheckpointStep"]
-    evals = {k: v for k, v in (done.get("eval") or {}).items() if _finite(v)}
+    evaluation = done.get("eval") or {}
+    evals = {k: v for k, v in evaluation.items() if _finite(v)}
     if evals:
         progress["eval"] = evals
+    _eval_note(progress, evaluation)
+    error = done.get("checkpointError")
+    if isinstance(error, str) and error:  # trained, but the last steps are in no checkpoint
+        progress["checkpointError"] = error[:CHECKPOINT_ERROR_CHARS]
     _moved(progress, previous, now=now, held=False)
     return progress

@@ -218,6 +218,34 @@ def test_a_restarted_chief_adopts_the_live_state_and_the_step_never_goes_back(
     assert abs(summary["eval"]["accuracy"] - undisturbed["eval"]["accuracy"]) <= 0.01
 
 
+def test_a_paused_ps_that_comes_back_is_waited_for_not_rolled_back(
+    jobs: list[harness.LocalJob], tmp_path: Path, metric: Metric, undisturbed: dict[str, Any]
+) -> None:
+    """A ps that stops answering (SIGSTOP: paused, overloaded, cut off) but comes back is the
+    same process with its state whole: the chief waited 10 s for its Status, then rolled every
+    ps back to the last checkpoint, or without one re-initialised the model from its seed."""
+    training = {k: v for k, v in _training(tmp_path).items() if k != "checkpoint"}
+    job = _start(jobs, training=training, log_dir=tmp_path / "logs", chief=True)
+    waiting.wait_for(lambda: _step(job, metric, "chief-0") >= 100, job, what="step 100")
+    ps = job.processes["ps-0"]
+    ps.send_signal(signal.SIGSTOP)
+    try:
+        chief_log = tmp_path / "logs" / "chief-0.log"
+        waiting.wait_for(
+            lambda: "waiting for it to answer (no rollback)" in chief_log.read_text(),
+            job,
+            what="the chief to find ps-0 silent",
+            timeout=90,
+        )
+    finally:
+        ps.send_signal(signal.SIGCONT)
+    summary = _finish(job)
+    assert summary["step"] == TRAINING["steps"]
+    assert summary["recoveries"] == [], job.logs()
+    assert "rolling every ps back" not in chief_log.read_text()
+    assert abs(summary["eval"]["accuracy"] - undisturbed["eval"]["accuracy"]) <= 0.02
+
+
 def test_a_ps_killed_while_writing_a_checkpoint_leaves_it_uncommitted(
     jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:

@@ -828,6 +828,22 @@ def test_a_chief_killed_after_recording_its_summary_succeeded() -> None:
     assert result.status["progress"]["step"] == 10
 
 
+def test_a_failed_final_checkpoint_is_said_in_the_progress_the_condition_and_an_event() -> None:
+    """The chief's log alone said `[Errno 28] No space left on device`; the job read
+    Succeeded, and the steps since the last checkpoint were nowhere once the ps shut down."""
+    j = job()
+    step(j, pods(j))
+    error = "ps-0: [Errno 28] No space left on device"
+    done = json.dumps({"event": "done", "step": 50, "checkpointError": error})
+    ended = PodState("tj-worker-0", "worker", 0, "Succeeded", exit_code=0, message=done)
+    result = step(j, replaced_by(j, "tj-worker-0", ended))
+    assert result.status["progress"]["checkpointError"] == error
+    succeeded = cond(result.status, "Succeeded")
+    assert succeeded is not None
+    assert succeeded["message"] == f"worker 0 succeeded; but its final checkpoint failed: {error}"
+    assert ("Warning", "CheckpointFailed") in [(e.type, e.reason) for e in result.events]
+
+
 @pytest.mark.parametrize("chief", [0, 1], ids=["worker-0", "chief"])
 def test_a_chief_that_exited_0_without_its_summary_fails_the_job_no_outcome(chief: int) -> None:
     j = job(chief=chief)

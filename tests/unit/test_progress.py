@@ -42,7 +42,7 @@ def test_no_summary_in_text_without_one_or_with_a_broken_one() -> None:
     assert progress.summary('{"event": "done", "step":') is None
 
 
-def test_the_final_summary_completes_the_progress_and_drops_missing_evals() -> None:
+def test_the_final_summary_completes_the_progress_and_names_evals_that_are_not_finite() -> None:
     before = {"step": 580, "loss": 0.2, "stepsPerSecond": 99.0, "lastCheckpointStep": 500}
     assert progress.final(before, DONE) == {
         "step": 600,
@@ -50,6 +50,7 @@ def test_the_final_summary_completes_the_progress_and_drops_missing_evals() -> N
         "stepsPerSecond": 120.5,
         "lastCheckpointStep": 600,
         "eval": {"accuracy": 0.97},
+        "note": "the evaluation's loss was not finite",
     }
 
 
@@ -123,7 +124,9 @@ def test_a_non_finite_loss_is_null_with_a_note_and_the_progress_strict_json(loss
     metrics = {**METRICS, "jaxps_loss": loss, "eval/accuracy": math.nan}
     out = progress.update({"loss": 0.4}, chief=chief("Running"), metrics=metrics)
     assert out["loss"] is None
-    assert out["note"] == f"the loss at step 42 was not finite ({loss})"
+    assert out["note"] == (
+        f"the loss at step 42 was not finite ({loss}); the evaluation's accuracy was not finite"
+    )
     assert "eval" not in out
     json.dumps(out, allow_nan=False)  # what the API server takes
     finite = progress.merge(out, METRICS)
@@ -145,3 +148,17 @@ def test_step_time_is_when_the_step_last_moved() -> None:
         same, {**METRICS, "jaxps_global_step": 43.0}, now=t0 + timedelta(seconds=40)
     )
     assert moved["stepTime"] == "2026-11-21T12:00:40Z"
+
+
+def test_an_evaluation_metric_that_is_not_finite_is_named_in_the_note() -> None:
+    """A test set with NaN features: the eval loss was NaN, and it vanished from the status
+    without a word."""
+    done = {"event": "done", "step": 60, "loss": 0.5, "eval": {"accuracy": 0.0, "loss": None}}
+    final = progress.final({}, done)
+    assert final["eval"] == {"accuracy": 0.0}
+    assert final["note"] == "the evaluation's loss was not finite"
+    merged = progress.merge(
+        {}, {"jaxps_global_step": 5.0, "jaxps_loss": 0.5, "eval/loss": float("nan")}
+    )
+    assert "eval" not in merged
+    assert merged["note"] == "the evaluation's loss was not finite"

@@ -38,6 +38,10 @@ class Observation:
     now: float
     ps: tuple[PsSeen, ...] = ()
     unreachable: str = ""  # why a Status call failed; then `ps` is empty
+    # why a ps did not answer Status in time (DEADLINE_EXCEEDED: paused, overloaded, cut
+    # off); then `ps` is empty. No rollback: its state may be whole, and a ps that was lost
+    # answers, once replaced, with a new incarnation (`ps_problem`)
+    silent: str = ""
     alive: tuple[str, ...] = ()  # workers heard from within workerTimeoutSeconds, or done
     checkpointing: bool = False  # a periodic checkpoint is being written
 
@@ -141,6 +145,8 @@ def decide(policy: Policy, state: State, obs: Observation) -> tuple[State, list[
     """The new state and the actions, in the order they are to be carried out."""
     if obs.unreachable:
         return state, [Recover(obs.unreachable)]
+    if obs.silent:  # wait for it: the Stalled clock runs on
+        return state, []
     if not obs.ps:
         return state, [Recover("no ps answered")]
     problem = ps_problem(state, obs.ps)

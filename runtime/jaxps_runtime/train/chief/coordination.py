@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 # How a ps that went away answers (or rather, does not).
 _GONE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+STATUS_SECONDS = 10.0  # how long a look waits for each ps's Status
 _SAY_STILL = 30.0  # seconds the step stands still before the progress line says why
 
 
@@ -75,6 +76,7 @@ class Coordination:
         self.started_from: dict[str, Any] = {}
         self.rollbacks = 0  # on divergence (training.onDivergence: rollback)
         self._seen: tuple[watch.PsSeen, ...] = ()  # the last look at the ps tier
+        self._silent = ""  # why a ps did not answer the last look in time
         self._reclaimed = 0  # leases taken back, as the metric counts them
 
     def initialise(self, client: PsClient) -> None:
@@ -166,14 +168,19 @@ class Coordination:
         """One look: one Status per ps (the step comes from the same replies that say the tier
         is healthy: a second call could meet a ps that died in between, uncaught), and which
         workers were heard from."""
+        unreachable = silent = ""
         try:
-            replies = client.statuses(timeout=10)
+            replies = client.statuses(timeout=STATUS_SECONDS)
             seen = tuple(watch.PsSeen.of(s) for s in replies)
-            unreachable = ""
             if len({r.id.cluster_epoch for r in replies}) == 1:
                 self.queue.observe(merged_cursors(replies, how=min))
         except PsClientError as err:
-            seen, unreachable = (), str(err)
+            seen = ()
+            if err.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                silent = str(err)
+            else:
+                unreachable = str(err)
+        self._silent = silent
         now = time.monotonic()
         alive = self.membership.live_workers(now=now, timeout=self.training.workerTimeoutSeconds)
         if seen:
@@ -182,6 +189,7 @@ class Coordination:
             now=now,
             ps=seen,
             unreachable=unreachable,
+            silent=silent,
             alive=tuple(alive),
             checkpointing=self.checkpointer.busy,
         )
@@ -203,6 +211,7 @@ class Coordination:
         )
         last_log, last_step, last_time = time.monotonic(), self.membership.step, time.monotonic()
         moved = (self.membership.step, time.monotonic())  # the step, and since when
+        said_silent = -math.inf  # when a ps that did not answer was last logged
         self.task.metrics.training.set(1)
         while True:
             check()
@@ -269,6 +278,9 @@ class Coordination:
                         return 1
             if any(isinstance(action, watch.Recover) for action in actions):
                 continue
+            if observation.silent and now - said_silent >= training.logEverySeconds:
+                said_silent = now
+                log.warning("%s: waiting for it to answer (no rollback)", observation.silent)
             writing = self.checkpointer.in_flight  # a Save pending ahead waits for training:
             if step != moved[0] or (writing is not None and writing <= step):  # not a cause
                 moved = (step, now)
@@ -281,6 +293,7 @@ class Coordination:
                         seconds=now - moved[1],
                         timeout=training.progressTimeoutSeconds,
                     )
+                    + (f"; and now {self._silent}" if self._silent else "")
                 )
             self._count_data()
             if self.progress.due(step):
