@@ -507,6 +507,15 @@ def test_a_program_ending_its_process_with_exit_0_fails_the_job_no_outcome(tmp_p
     assert run.status["restarts"] == 0, run.logs()
 
 
+def test_a_program_pushing_a_gradient_of_no_variable_fails_naming_it(tmp_path: Path) -> None:
+    """`W` pushed for `w` was dropped without a word: the job trained nothing (its loss stayed
+    ln 10) and was Succeeded."""
+    run = jaxps_local(tmp_path, _program_job("misnames", "misnames"))
+    message = _failed(run, "UserCodeError")
+    assert "push: gradients for ['W'], which is not a variable of this session" in message, message
+    assert "(its variables: ['b'], ['w'])" in message, message
+
+
 def test_a_program_leaving_its_session_early_fails_the_job_at_once_saying_so(
     tmp_path: Path,
 ) -> None:

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from jaxps_runtime.client import psclient
+from jaxps_runtime.config import training as config
+from jaxps_runtime.train import outcome
 
 log = logging.getLogger(__name__)
 MANIFEST = re.compile(r"^manifest-(\d{9})\.json$")
@@ -31,6 +33,15 @@ MANIFEST = re.compile(r"^manifest-(\d{9})\.json$")
 
 class CheckpointError(Exception):
     """A checkpoint cannot be used; the message says which and why."""
+
+
+class IncompatibleCheckpointError(CheckpointError, outcome.JobFailure):
+    """A committed checkpoint of another model, placement, optimizer or ps count: every
+    replacement chief would meet it again, so the job fails at once (InvalidTraining) rather
+    than retrying to its backoff limit."""
+
+    exit_code = config.EXIT_INVALID_TRAINING
+    reason = config.FINAL_EXITS[config.EXIT_INVALID_TRAINING]
 
 
 @dataclass(frozen=True)
@@ -121,7 +132,7 @@ def check_placement(manifest: Manifest, placement: Mapping[str, Any]) -> None:
         return
     for key in ("numPs", "strategy", "minShardBytes"):
         if saved.get(key) != placement.get(key):
-            raise CheckpointError(
+            raise IncompatibleCheckpointError(
                 f"checkpoint of step {manifest.step}: placement.{key} is {saved.get(key)!r}, "
                 f"the job has {placement.get(key)!r}; restoring into another placement is "
                 "not supported (use the same ps count and placement, or another checkpoint.dir)"
@@ -130,11 +141,13 @@ def check_placement(manifest: Manifest, placement: Mapping[str, Any]) -> None:
     ours = {v["name"]: v for v in placement.get("variables", [])}
     for name in sorted(set(theirs) | set(ours)):
         if theirs.get(name) != ours.get(name):
-            raise CheckpointError(
+            raise IncompatibleCheckpointError(
                 f"checkpoint of step {manifest.step}: variable {name!r} is "
                 f"{theirs.get(name)}, the job's model has {ours.get(name)}"
             )
-    raise CheckpointError(f"checkpoint of step {manifest.step}: the placement map differs")
+    raise IncompatibleCheckpointError(
+        f"checkpoint of step {manifest.step}: the placement map differs"
+    )
 
 
 def prune(root: Path, *, keep: int, protect: Sequence[int] = ()) -> None:

@@ -70,24 +70,37 @@ def _root(task: Task) -> Path | None:
     return Path(directory) if directory else None
 
 
+def _compatible(manifest: checkpoint.Manifest, task: Task, *, root: Path, ps: int) -> None:
+    """Raises `checkpoint.IncompatibleCheckpointError` (final: InvalidTraining) for a
+    committed checkpoint this job cannot restore, naming what differs and the field."""
+    try:
+        checkpoint.check_placement(manifest, task.placement.to_dict())
+        optimizer = task.training.optimizer.to_json()
+        if manifest.optimizer != optimizer:
+            raise checkpoint.IncompatibleCheckpointError(
+                f"checkpoint of step {manifest.step} was made with optimizer "
+                f"{manifest.optimizer}, the job uses {optimizer}"
+            )
+        files = sorted(r.ps for r in manifest.shards)
+        if files != list(range(ps)):
+            raise checkpoint.IncompatibleCheckpointError(
+                f"checkpoint of step {manifest.step} has files for ps {files}, the job has {ps} ps"
+            )
+    except checkpoint.IncompatibleCheckpointError as err:
+        raise checkpoint.IncompatibleCheckpointError(
+            f"training.checkpoint.dir {str(root)!r} holds a checkpoint this job cannot restore: "
+            f"{err}; give the job another checkpoint.dir, or remove that one"
+        ) from None
+
+
 def restore_or_initialise(
     client: PsClient, task: Task, *, epoch: int, mode: Mode, workers: list[str]
 ) -> Ready:
     training = task.training
     root = _root(task)
     for manifest in checkpoint.committed(root) if root else []:
-        checkpoint.check_placement(manifest, task.placement.to_dict())
-        if manifest.optimizer != training.optimizer.to_json():
-            raise checkpoint.CheckpointError(
-                f"checkpoint of step {manifest.step} was made with optimizer "
-                f"{manifest.optimizer}, the job uses {training.optimizer.to_json()}"
-            )
+        _compatible(manifest, task, root=root, ps=len(client.addresses))
         files = {r.ps: (r.file, r.sha256) for r in manifest.shards}
-        if sorted(files) != list(range(len(client.addresses))):
-            raise checkpoint.CheckpointError(
-                f"checkpoint of step {manifest.step} has files for ps {sorted(files)}, the job "
-                f"has {len(client.addresses)} ps"
-            )
         client.init(
             None,
             optimizer=training.optimizer,

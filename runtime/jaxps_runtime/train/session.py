@@ -39,7 +39,7 @@ import logging
 import math
 import signal
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -253,6 +253,7 @@ class Session:
             self._void, self._marks = False, []
             return False
         named = {name: np.asarray(g) for name, g in grads.items()}
+        _declared(self.task.placement.variables, [*named, *(rows or {})])
         dense = [name for name in named if name not in (rows or {})]
         if loss is not None:
             self.link.record_loss(float(loss))
@@ -381,3 +382,21 @@ def _next_min_step(replies: list[Any], *, step: int, sync: bool, steps: int) -> 
     if refused_position(replies):  # it did not count: the step may wait for it
         return 0
     return step + 1 if sync else 0
+
+
+_NAMES_SHOWN = 12  # variable names an error lists
+
+
+def _declared(variables: Sequence[Any], pushed: Sequence[str]) -> None:
+    """Raises ValueError naming a pushed gradient whose name is no variable of the session:
+    it would be dropped without a word, and the job trained nothing (`W` pushed for `w`)."""
+    names = {v.name for v in variables}
+    unknown = sorted(set(pushed) - names)
+    if unknown:
+        shown = sorted(names)[:_NAMES_SHOWN]
+        more = f" and {len(names) - len(shown)} more" if len(names) > len(shown) else ""
+        raise ValueError(
+            f"push: gradients for {', '.join(unknown[:_NAMES_SHOWN])}, which "
+            f"{'is' if len(unknown) == 1 else 'are'} not a variable of this session (its "
+            f"variables: {', '.join(shown)}{more}); name them as params() does"
+        )

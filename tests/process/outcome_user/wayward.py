@@ -22,7 +22,9 @@ def _loss(params: Any, batch: Any) -> Any:
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
 
 
-def _loop(*, stop_after: int | None = None, hang_at: int | None = None) -> None:
+def _loop(
+    *, stop_after: int | None = None, hang_at: int | None = None, rename: bool = False
+) -> None:
     variables = {"w": np.zeros((64, 10), np.float32), "b": np.zeros(10, np.float32)}
     grad = jax.jit(jax.value_and_grad(_loss))
     with program.session(variables) as session:
@@ -37,6 +39,8 @@ def _loop(*, stop_after: int | None = None, hang_at: int | None = None) -> None:
             if batches == hang_at:
                 threading.Event().wait()  # stuck in its own code, never asks again
             loss, grads = grad(session.params(), batch)
+            if rename:  # a typo: "W" for "w"
+                grads = {"W": grads["w"], "b": grads["b"]}
             session.push_tree(grads, loss=jnp.asarray(loss))
 
 
@@ -59,3 +63,8 @@ def vanishes() -> None:
     """Ends its process with os._exit(0) before it opens its session: no exception, no summary,
     exit code 0."""
     os._exit(0)
+
+
+def misnames() -> None:
+    """Pushes the gradient of `w` as `W`: a variable the session does not have."""
+    _loop(rename=True)
