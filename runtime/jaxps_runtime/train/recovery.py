@@ -70,7 +70,7 @@ def _root(task: Task) -> Path | None:
     return Path(directory) if directory else None
 
 
-def _compatible(manifest: checkpoint.Manifest, task: Task, *, root: Path, ps: int) -> None:
+def _compatible(manifest: checkpoint.Manifest, task: Task, *, root: Path | None, ps: int) -> None:
     """Raises `checkpoint.IncompatibleCheckpointError` (final: InvalidTraining) for a
     committed checkpoint this job cannot restore, naming what differs and the field."""
     try:

@@ -252,8 +252,7 @@ class Session:
         if self._over or self._void:
             self._void, self._marks = False, []
             return False
-        named = {name: np.asarray(g) for name, g in grads.items()}
-        _declared(self.task.placement.variables, [*named, *(rows or {})])
+        named = _declared(self.task.placement.variables, grads, rows)
         dense = [name for name in named if name not in (rows or {})]
         if loss is not None:
             self.link.record_loss(float(loss))
@@ -387,11 +386,15 @@ def _next_min_step(replies: list[Any], *, step: int, sync: bool, steps: int) -> 
 _NAMES_SHOWN = 12  # variable names an error lists
 
 
-def _declared(variables: Sequence[Any], pushed: Sequence[str]) -> None:
-    """Raises ValueError naming a pushed gradient whose name is no variable of the session:
-    it would be dropped without a word, and the job trained nothing (`W` pushed for `w`)."""
+def _declared(
+    variables: Sequence[Any], grads: Mapping[str, Any], rows: Rows | None
+) -> dict[str, np.ndarray]:
+    """The pushed gradients as arrays. Raises ValueError naming one whose name is no variable
+    of the session: it would be dropped without a word, and the job trained nothing (`W`
+    pushed for `w`)."""
+    named = {name: np.asarray(g) for name, g in grads.items()}
     names = {v.name for v in variables}
-    unknown = sorted(set(pushed) - names)
+    unknown = sorted({*named, *(rows or {})} - names)
     if unknown:
         shown = sorted(names)[:_NAMES_SHOWN]
         more = f" and {len(names) - len(shown)} more" if len(names) > len(shown) else ""
@@ -400,3 +403,4 @@ def _declared(variables: Sequence[Any], pushed: Sequence[str]) -> None:
             f"{'is' if len(unknown) == 1 else 'are'} not a variable of this session (its "
             f"variables: {', '.join(shown)}{more}); name them as params() does"
         )
+    return named
