@@ -550,7 +550,7 @@ class LocalCluster:
     def stop_all(self) -> None:
         """Ends the standby and every process still running (SIGTERM, SIGKILL after the grace
         period), those on their way out included."""
-        self.launched.stop_all()
+        self.launched.stop_all(last={n for n, p in self.processes.items() if p.role == "ps"})
 
 
 def _read(path: Path) -> str:

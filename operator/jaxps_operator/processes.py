@@ -17,7 +17,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,7 +125,13 @@ class Processes:
             self.standby.close()
             self.standby = None
 
-    def stop_all(self, *, grace: float = GRACE_SECONDS) -> list[int | None]:
-        """Ends the standby and every process (`stop`); their return codes."""
+    def stop_all(
+        self, *, grace: float = GRACE_SECONDS, last: Collection[str] = ()
+    ) -> list[int | None]:
+        """Ends the standby and every process (`stop`); their return codes. Those named in
+        `last` (the ps) are stopped once the others have ended: a chief told to stop writes
+        its preemption checkpoint, which needs every ps still serving."""
         self.close_standby()
-        return stop(self.popens.values(), grace=grace)
+        first = [p for name, p in self.popens.items() if name not in last]
+        then = [p for name, p in self.popens.items() if name in last]
+        return stop(first, grace=grace) + stop(then, grace=grace)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ import yaml
 
 from jaxps_operator import builders, local, schema
 from jaxps_runtime.config import cluster
+from jaxps_runtime.train import checkpoint
 from tests.process import harness
 
 pytestmark = pytest.mark.process
@@ -193,6 +196,47 @@ def test_a_local_process_gets_the_pods_environment_as_the_builder_made_it(tmp_pa
         assert (state.phase, state.exit_code) == ("Succeeded", 0)
     finally:
         local_cluster.stop_all()
+
+
+def test_sigterm_to_jaxps_local_stops_the_ps_last_so_the_chiefs_checkpoint_commits(
+    tmp_path: Path,
+) -> None:
+    """Every task got SIGTERM at once: the chief's preemption checkpoint then failed on ps that
+    were shutting down ("ps-0 is shutting down"), and the steps since the last checkpoint were
+    lost. The ps now stop once the others have ended."""
+    manifest = yaml.safe_load((EXAMPLES / "mnist.yaml").read_text())
+    manifest["metadata"]["name"] = f"term-{uuid.uuid4().hex[:8]}"
+    training = manifest["spec"]["training"]
+    training["steps"] = 1_000_000
+    root = tmp_path / "ckpt"
+    training["checkpoint"] = {"dir": str(root), "everySteps": 500_000}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    work = tmp_path / "work"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxps_operator", "local", str(path), "--workdir", str(work)],
+        env=harness.runtime_env({"PYTHONPATH": str(ROOT / "operator")}),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        chief_log = work / f"{manifest['metadata']['name']}-worker-0.log"
+        deadline = time.monotonic() + 180
+        while "step " not in (chief_log.read_text() if chief_log.exists() else ""):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the chief never logged a step"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    said = chief_log.read_text()
+    assert "preempted (SIGTERM): checkpoint of step" in said, said[-3000:]
+    assert checkpoint.committed(root), said[-3000:]
+    assert alive_with_job_name(manifest["metadata"]["name"]) == []
 
 
 def test_free_ports_are_distinct() -> None:
