@@ -245,6 +245,9 @@ def run_local(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: every task stopped[/yellow]")
         return EXIT_INTERRUPTED
+    except local.WorkdirGoneError as err:
+        console.print(str(err), style="red", highlight=False, markup=False)
+        return EXIT_FAILED
     finally:
         if live is not None:
             live.stop()

@@ -84,6 +84,10 @@ class WorkdirError(ValueError):
     """A --workdir that cannot hold the job's files; the message names the path and why."""
 
 
+class WorkdirGoneError(RuntimeError):
+    """The work directory was removed while the job ran: the run stops every task."""
+
+
 @dataclass(frozen=True)
 class Kill:
     task: str
@@ -585,8 +589,14 @@ def run(
     validator = reconcile.Validator()
     kills = list(kills)
     scales = list(scales or [])
+    gone = WorkdirGoneError(
+        f"the work directory {local.workdir} was removed while the job ran (its logs, TLS "
+        "files and the tasks' last words were there): every task stopped"
+    )
     try:
         while True:
+            if not local.workdir.is_dir():
+                raise gone
             # a scale is carried out by the pass that follows it: processes join or leave
             reached = (local.job["status"].get("progress") or {}).get("step", 0)
             for request, why in local.scale_due(reached, scales):
@@ -627,5 +637,9 @@ def run(
                 final: dict[str, Any] = local.job["status"]
                 return final
             time.sleep(TICK_SECONDS)
+    except FileNotFoundError as err:  # a file of the pass, as the directory went
+        if local.workdir.is_dir():
+            raise
+        raise gone from err
     finally:
         local.stop_all()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -237,6 +238,41 @@ def test_sigterm_to_jaxps_local_stops_the_ps_last_so_the_chiefs_checkpoint_commi
     assert "preempted (SIGTERM): checkpoint of step" in said, said[-3000:]
     assert checkpoint.committed(root), said[-3000:]
     assert alive_with_job_name(manifest["metadata"]["name"]) == []
+
+
+def test_a_work_directory_removed_mid_run_stops_every_task_saying_so(tmp_path: Path) -> None:
+    """`rm -rf` of the work directory mid-run ended `jaxps local` with a FileNotFoundError
+    traceback."""
+    manifest = yaml.safe_load((EXAMPLES / "mnist.yaml").read_text())
+    name = manifest["metadata"]["name"] = f"gone-{uuid.uuid4().hex[:8]}"
+    manifest["spec"]["training"].update(steps=1_000_000)
+    manifest["spec"]["training"].pop("checkpoint")
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    work = tmp_path / "work"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxps_operator", "local", str(path), "--workdir", str(work)],
+        env=harness.runtime_env({"PYTHONPATH": str(ROOT / "operator")}),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not (work / f"{name}-worker-1.log").exists():
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "no task started"
+            time.sleep(0.2)
+        shutil.rmtree(work)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err
+    assert f"the work directory {work} was removed while the job ran" in err, err
+    assert "Traceback" not in err, err
+    assert alive_with_job_name(name) == []
 
 
 def test_free_ports_are_distinct() -> None:
