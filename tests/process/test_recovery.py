@@ -340,6 +340,22 @@ def test_a_checkpoint_of_another_placement_is_refused_with_a_clear_error(
     assert f"training.checkpoint.dir {str(tmp_path / 'ckpt')!r} holds a checkpoint" in said
 
 
+def test_a_checkpoint_at_or_past_the_last_step_ends_the_job_with_no_checkpoint_error(
+    jobs: list[harness.LocalJob], tmp_path: Path
+) -> None:
+    """Rerun with fewer steps over a finished job's checkpoints: training is over at once
+    (TensorFlow's MonitoredTrainingSession does the same), and the final checkpoint, refused
+    by every ps past the last step, was reported as failed."""
+    first = _start(jobs, training=_training(tmp_path, steps=60), log_dir=tmp_path / "first")
+    _finish(first)
+    second = _start(jobs, training=_training(tmp_path, steps=40), log_dir=tmp_path / "second")
+    summary = _finish(second)
+    assert summary["step"] == 60
+    assert summary["startedFrom"] == {"how": "restored", "step": 60}
+    assert summary["checkpointError"] is None, second.logs()
+    assert summary["lastCheckpointStep"] == 60
+
+
 def test_tasks_started_in_reverse_order_still_train(
     jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:

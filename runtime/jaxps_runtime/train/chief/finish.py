@@ -64,8 +64,11 @@ class Finish:
         evaluator = self.membership.member("evaluator-0")
         self.checkpointer.wait()
         step, named = client.read()
-        if self.checkpointer.root is not None:
-            # The final checkpoint, after the workers drained (TF#32549: not before).
+        root = self.checkpointer.root
+        if root is not None and step not in {m.step for m in checkpoint.committed(root)[:1]}:
+            # The final checkpoint, after the workers drained (TF#32549: not before); none when
+            # the last committed one is of this step (restored at or past `steps`: nothing
+            # trained since, and a ps takes no Save past the last step).
             try:
                 self.checkpointer.save(client, step=step, epoch=client.epoch)
             except (PsClientError, OSError, checkpoint.CheckpointError) as err:
@@ -106,7 +109,7 @@ class Finish:
             loss=self.membership.mean_loss(),
             seconds=time.monotonic() - self.started,
             started_from=started_from,
-            last_checkpoint=self.checkpointer.last_step,
+            last_checkpoint=self.checkpointer.last_step or _newest(root),
             checkpoint_error=self.checkpoint_error,
             recoveries=recoveries,
         )
@@ -232,6 +235,12 @@ def recorded(done: dict[str, Any], limit: int = termination.LIMIT_BYTES) -> str:
     if isinstance(error, str) and not fits():
         fitted["checkpointError"] = error[: max(0, limit // 4)] + "..."
     return json.dumps(fitted)
+
+
+def _newest(root: Path | None) -> int | None:
+    """The step of the newest committed checkpoint in `root` (one this chief restored)."""
+    found = checkpoint.committed(root) if root is not None else []
+    return found[0].step if found else None
 
 
 def _number(value: float) -> float | None:
