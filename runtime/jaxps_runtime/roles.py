@@ -149,6 +149,9 @@ def _batch_problems(state: Task) -> list[str]:
     with outcome.user_code("the model's init", task=state.name):  # its error, not the data's
         shapes = state.shapes
     model = training.model.module or training.model.name
+    found = _parameter_problems(shapes, model=model)
+    if found:
+        return found
     try:
         loss = jax.eval_shape(state.model.loss, shapes, batch)
     except Exception as err:  # whatever the model raises on these shapes
@@ -165,6 +168,21 @@ def _batch_problems(state: Task) -> list[str]:
     if not jax.numpy.issubdtype(loss.dtype, jax.numpy.floating):
         return [f"model {model!r}: its loss is of dtype {loss.dtype}; it must be a float"]
     return []
+
+
+def _parameter_problems(shapes: object, *, model: str) -> list[str]:
+    """A model with nothing to train (no parameters: it trained nothing and Succeeded at
+    chance), or a parameter that is not a float (jax.grad refuses it at the first step,
+    naming jaxps' own frame)."""
+    leaves = jax.tree_util.tree_flatten_with_path(shapes)[0]
+    if not leaves:
+        return [f"model {model!r} has no parameters: there is nothing to train"]
+    return [
+        f"model {model!r}: parameter {jax.tree_util.keystr(path)} is {_shape_of(leaf)}; "
+        "every parameter must be a float (jax.grad differentiates floats only)"
+        for path, leaf in leaves
+        if not jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating)
+    ]
 
 
 def _shape_of(value: object) -> str:

@@ -516,6 +516,12 @@ def test_a_program_pushing_a_gradient_of_no_variable_fails_naming_it(tmp_path: P
     assert "(its variables: ['b'], ['w'])" in message, message
 
 
+def test_a_program_declaring_no_variables_fails_at_once_not_stalled(tmp_path: Path) -> None:
+    run = jaxps_local(tmp_path, _program_job("nothing", "declares_nothing"))
+    message = _failed(run, "UserCodeError")
+    assert "program.session: no variables (an empty tree): nothing to train" in message, message
+
+
 def test_a_program_leaving_its_session_early_fails_the_job_at_once_saying_so(
     tmp_path: Path,
 ) -> None:

@@ -60,3 +60,25 @@ def test_what_only_jax_finds_is_reported_at_start_too(termination_log: Path) -> 
     assert lines[0].startswith("model.module: 'no_such_pkg.models:make': cannot import")
     assert lines[1].startswith("dataset.module: 'no_such_pkg.data:make': cannot import")
     assert len(lines) == 2
+
+
+def test_a_model_with_no_parameters_or_a_parameter_that_is_no_float_is_refused() -> None:
+    """An NNX module without an nnx.Param trained nothing and Succeeded at chance; an integer
+    nnx.Param failed at the first step inside jax.grad, naming jaxps' own frame."""
+    import jax  # noqa: PLC0415
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    assert roles._parameter_problems({}, model="m") == [
+        "model 'm' has no parameters: there is nothing to train"
+    ]
+    shapes = {
+        "lin": {"w": jax.ShapeDtypeStruct((64, 10), jnp.float32)},
+        "count": jax.ShapeDtypeStruct((2,), jnp.int32),
+    }
+    assert roles._parameter_problems(shapes, model="m") == [
+        "model 'm': parameter ['count'] is int32[2]; every parameter must be a float (jax.grad "
+        "differentiates floats only)"
+    ]
+    assert (
+        roles._parameter_problems({"w": jax.ShapeDtypeStruct((0,), jnp.bfloat16)}, model="m") == []
+    )

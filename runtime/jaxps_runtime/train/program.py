@@ -85,7 +85,17 @@ class Declared:
         self._values = jax.tree_util.tree_map(np.asarray, variables)
         self.sparse: Mapping[str, str] = MappingProxyType(dict(tables or {}))
         self._evaluate = evaluate
-        names = list(placement.named_leaves(self._values)[1])
+        leaves = placement.named_leaves(self._values)[1]
+        if not leaves:  # a sync step would wait for gradients no worker can push
+            raise ValueError("program.session: no variables (an empty tree): nothing to train")
+        for name, value in leaves.items():
+            if not jax.numpy.issubdtype(np.asarray(value).dtype, jax.numpy.floating):
+                raise ValueError(
+                    f"program.session: variable {name} is {np.asarray(value).dtype}"
+                    f"{list(np.shape(value))}; every variable must be a float array (the ps "
+                    "optimizer updates floats only)"
+                )
+        names = list(leaves)
         self.optimizers = own_optimizers(names, optimizers or {})
 
     def init(self, key: jax.Array) -> Any:

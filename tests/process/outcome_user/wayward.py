@@ -68,3 +68,10 @@ def vanishes() -> None:
 def misnames() -> None:
     """Pushes the gradient of `w` as `W`: a variable the session does not have."""
     _loop(rename=True)
+
+
+def declares_nothing() -> None:
+    """Opens its session on an empty tree: a sync step waited for gradients of nothing."""
+    with program.session({}) as session:
+        while not session.should_stop():
+            session.next_batch()
