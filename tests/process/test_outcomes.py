@@ -522,6 +522,17 @@ def test_a_program_declaring_no_variables_fails_at_once_not_stalled(tmp_path: Pa
     assert "program.session: no variables (an empty tree): nothing to train" in message, message
 
 
+def test_tasks_declaring_different_variables_fail_at_once_naming_them(tmp_path: Path) -> None:
+    """Worker 1 retried its Read without end (4678 log lines in 30 s), and the job failed
+    Stalled after progressTimeoutSeconds without naming the cause."""
+    run = jaxps_local(tmp_path, _program_job("differ", "declares_by_task"))
+    message = _failed(run, "UserCodeError")
+    assert "worker-1: its variables are not those the ps tier holds" in message, message
+    assert "float32[65, 10]" in message, message
+    assert "float32[64, 10]" in message, message
+    assert run.seconds < 120, run.logs()
+
+
 def test_a_program_leaving_its_session_early_fails_the_job_at_once_saying_so(
     tmp_path: Path,
 ) -> None:

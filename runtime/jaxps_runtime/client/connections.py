@@ -29,7 +29,7 @@ from google.protobuf import message as protobuf
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
-from jaxps_runtime.client.errors import PsClientError, PsRestartedError
+from jaxps_runtime.client.errors import PsClientError, PsLayoutError, PsRestartedError
 from jaxps_runtime.process import stopping
 from jaxps_runtime.wire import rpc, streams
 from jaxps_runtime.wire.credentials import TaskCredentials
@@ -177,7 +177,8 @@ class Connections:
             try:
                 return self.call(ps, method, once)
             except streams.StreamError as err:
-                raise PsClientError(
+                cls = PsLayoutError if isinstance(err, streams.LayoutError) else PsClientError
+                raise cls(
                     ps=ps, address=self.addresses[ps], method=method, code=None, details=str(err)
                 ) from err
 

@@ -30,5 +30,10 @@ class PsClientError(RuntimeError):
         self.reason = reason  # the ps's `jaxps-reason` (`terms.REFUSALS`, ...), "" without
 
 
+class PsLayoutError(PsClientError):
+    """A ps answered with other variables (names, shapes, dtypes) than the caller holds: the
+    task declared other variables than those the ps tier was initialised with."""
+
+
 class PsRestartedError(PsClientError):
     """A ps answered with another incarnation than before: it restarted and lost its state."""

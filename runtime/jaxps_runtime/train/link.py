@@ -16,9 +16,10 @@ from typing import Any
 
 import grpc
 
+from jaxps_runtime.client.errors import PsLayoutError
 from jaxps_runtime.client.psclient import PsClientError, PsRestartedError
 from jaxps_runtime.data.shards import ShardPlan
-from jaxps_runtime.train import divergence, timing
+from jaxps_runtime.train import divergence, outcome, timing
 from jaxps_runtime.train.coordinator import CoordinatorClient
 from jaxps_runtime.train.feed import Feed, Position
 from jaxps_runtime.train.task import Task
@@ -110,6 +111,12 @@ class Link:
         """A call to the ps tier failed: a divergence refused, or the tier lost or rolled back
         (waited out: True once ready again, False if training ended meanwhile); anything else
         ends the worker (raised)."""
+        if isinstance(err, PsLayoutError):  # no retry changes it: it flooded the log
+            raise outcome.UserCodeError(
+                f"{self.task.name}: its variables are not those the ps tier holds (the chief "
+                f"initialised it with its own): {err.details}; every task must declare the "
+                "same variables"
+            ) from None
         if divergence.refused_as_not_finite(err):
             self.diverge(f"a ps refused its update: {err}")
         elif err.code not in RECOVERABLE and not isinstance(err, PsRestartedError):

@@ -42,6 +42,11 @@ class StreamError(ValueError):
     """A tensor stream broke the protocol; the message says where and how."""
 
 
+class LayoutError(StreamError):
+    """A stream whose tensors are not those the receiver expects (names, shapes, dtypes): the
+    two ends hold different variables, which no retry changes."""
+
+
 class HeaderError(StreamError):
     """A stream's header that decodes but describes no tensors the receiver can take, with the
     header for the receiver's checks (who sent it)."""
@@ -338,7 +343,7 @@ def receive(
         got = [(s.name, s.shape, s.dtype) for s in specs]
         want = [(s.name, s.shape, s.dtype) for s in expect]
         if got != want:
-            raise StreamError(f"{where}: the stream carries {_names(got)}, expected {_names(want)}")
+            raise LayoutError(f"{where}: the stream carries {_names(got)}, expected {_names(want)}")
     assembler = Assembler(specs, into=into, allocate=allocate)
 
     def fill() -> Iterator[range]:

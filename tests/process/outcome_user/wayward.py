@@ -75,3 +75,14 @@ def declares_nothing() -> None:
     with program.session({}) as session:
         while not session.should_stop():
             session.next_batch()
+
+
+def declares_by_task() -> None:
+    """Worker i declares `w` with 64 + i rows: worker 1's differ from those the chief (worker
+    0) initialised the ps tier with."""
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    rows = 64 + int(task["index"]) if task["type"] == "worker" else 64
+    with program.session({"w": np.zeros((rows, 10), np.float32)}) as session:
+        while not session.should_stop():
+            if session.next_batch() is not None:
+                session.params()
