@@ -125,7 +125,8 @@ def _start_problems(state: Task, *, where: str) -> list[str]:
         try:
             build()
         except models.ModelError as err:
-            found.append(str(err))
+            if str(err) not in found:  # the mlp sizes itself from the dataset: one cause
+                found.append(str(err))
     if not found and program is None:
         found += _batch_problems(state)
     return found

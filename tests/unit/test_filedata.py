@@ -147,6 +147,22 @@ def test_array_problems_name_the_field_and_the_file(tmp_path: Path) -> None:
     for kwargs, message in cases:
         with pytest.raises(ModelError, match=message):
             datasets.build_dataset(name="arrays", kwargs=kwargs)
+    # a 0-d array raised TypeError ("len() of unsized object"), blamed on the user's code
+    np.savez(tmp_path / "scalar.npz", x=np.zeros((4, 2)), y=np.float32(3.0))
+    with pytest.raises(ModelError, match=r"array 'y' is a single value \(0-d\)"):
+        datasets.build_dataset(name="arrays", kwargs={"path": str(tmp_path / "scalar.npz")})
+
+
+def test_a_dataset_problem_found_by_the_model_and_the_dataset_is_said_once(
+    tmp_path: Path, termination_log: Path
+) -> None:
+    """The mlp sizes itself from the dataset: both builds met the same problem, and the
+    Failed message said it twice."""
+    np.savez(tmp_path / "empty.npz", x=np.zeros((0, 4), np.float32), y=np.zeros(0, np.int32))
+    training = {"dataset": {"name": "arrays", "kwargs": {"path": str(tmp_path / "empty.npz")}}}
+    assert _start(json.dumps(training)) == config.EXIT_INVALID_TRAINING
+    lines = termination_log.read_text().splitlines()
+    assert len(lines) == len(set(lines)) >= 1, lines
 
 
 def test_a_shape_the_model_does_not_take_fails_at_start_naming_both(

@@ -217,6 +217,12 @@ def select(
             f"it has {', '.join(sorted(arrays))}"
         )
     out = {key: arrays[name] for key, name in chosen.items()}
+    scalars = sorted(chosen[key] for key, array in out.items() if np.ndim(array) == 0)
+    if scalars:  # len() of a 0-d array raised TypeError, blamed on the user's code
+        raise ModelError(
+            f"{where}: {path}: array {', '.join(map(repr, scalars))} is a single value (0-d); "
+            "every array is one value per example (its first axis the examples)"
+        )
     lengths = {key: len(array) for key, array in out.items()}
     if len(set(lengths.values())) > 1:
         raise ModelError(
