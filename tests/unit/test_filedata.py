@@ -147,6 +147,13 @@ def test_array_problems_name_the_field_and_the_file(tmp_path: Path) -> None:
     for kwargs, message in cases:
         with pytest.raises(ModelError, match=message):
             datasets.build_dataset(name="arrays", kwargs=kwargs)
+    # a test file narrower than the training file: the mlp sized itself from one, and the
+    # other was blamed on model.kwargs.inputs, a field the user never set
+    np.savez(tmp_path / "train10.npz", x=np.zeros((8, 10), np.float32), y=np.zeros(8, np.int32))
+    np.savez(tmp_path / "test9.npz", x=np.zeros((4, 9), np.float32), y=np.zeros(4, np.int32))
+    narrow = {"path": str(tmp_path / "train10.npz"), "test": str(tmp_path / "test9.npz")}
+    with pytest.raises(ModelError, match=r"dataset.kwargs.test: .*test9.npz's 'x' is float32\[9\]"):
+        datasets.build_dataset(name="arrays", kwargs=narrow)
     # a 0-d array raised TypeError ("len() of unsized object"), blamed on the user's code
     np.savez(tmp_path / "scalar.npz", x=np.zeros((4, 2)), y=np.float32(3.0))
     with pytest.raises(ModelError, match=r"array 'y' is a single value \(0-d\)"):

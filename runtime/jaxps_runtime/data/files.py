@@ -390,6 +390,32 @@ def _split(
     train = read(path, f"{where}.path")
     if test is not None:
         held = read(test, f"{where}.test")
+        _same_layout(train, held, path=path, test=test, where=f"{where}.test")
     else:
         train, held = split_tail(train, fraction, path=path, where=f"{where}.testFraction")
     return ArrayDataset(train=train, test=held, seed=seed)
+
+
+def _same_layout(
+    train: Mapping[str, np.ndarray],
+    held: Mapping[str, np.ndarray],
+    *,
+    path: str,
+    test: str,
+    where: str,
+) -> None:
+    """The test file's arrays are the training file's: the same keys, and per example the same
+    shape and kind (a model sized from one was blamed on `model.kwargs` for the other)."""
+    if set(train) != set(held):
+        raise ModelError(
+            f"{where}: {test} has arrays {', '.join(sorted(held))}; {path} has "
+            f"{', '.join(sorted(train))}: the test set needs the same"
+        )
+    for key in sorted(train):
+        ours, theirs = train[key], held[key]
+        if ours.shape[1:] != theirs.shape[1:] or ours.dtype.kind != theirs.dtype.kind:
+            raise ModelError(
+                f"{where}: {test}'s {key!r} is {theirs.dtype}{list(theirs.shape[1:])} per "
+                f"example; {path}'s is {ours.dtype}{list(ours.shape[1:])}: the test set needs "
+                "the same"
+            )
