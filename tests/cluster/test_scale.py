@@ -121,6 +121,12 @@ def test_the_apiserver_refuses_a_ps_change_and_workers_outside_min_and_max(jobs:
     assert "spec.replicaSpecs.ps.replicas cannot change while the job exists" in said
     assert "sharded over the ps tasks" in said
     assert "delete the job and create it again" in said
+    # spec.training too: a replaced pod got the edited training (another model's layout), its
+    # reads were refused, and the job failed BackoffLimitExceeded naming no edit
+    with pytest.raises(ApiException) as caught:
+        jobs.patch_spec("elastic", {"training": {"steps": 100_000}})
+    said = json.loads(caught.value.body or "{}")["message"]
+    assert "spec.training: Forbidden: spec.training cannot change while the job exists" in said
     above = kubectl_scale(jobs, "elastic", 4)
     assert (
         "spec.replicaSpecs.worker.replicas is above spec.replicaSpecs.worker.maxReplicas: "
