@@ -126,6 +126,13 @@ def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
         if state and (container.get("name") == main.get("name") or not terminated):
             terminated = state
     phase = status.get("phase", "Pending")
+    failed_init = ""
+    if phase == "Failed" and not terminated:  # an init container failed: the main never ran
+        for container in status.get("initContainerStatuses") or []:
+            state = (container.get("state") or {}).get("terminated") or {}
+            if state.get("exitCode"):
+                terminated, failed_init = state, str(container.get("name") or "?")
+                break
     ip = status.get("podIP")
     why, words = waiting(pod, main) if phase == "Pending" else ("", "")
     limit = ((main.get("resources") or {}).get("limits") or {}).get("memory")
@@ -150,6 +157,7 @@ def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
         waiting_reason=why,
         waiting_message=words,
         created=parse_time(meta.get("creationTimestamp")),
+        failed_init=failed_init,
     )
 
 
@@ -181,7 +189,14 @@ def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
         },
         "status": {
             k: status[k]
-            for k in ("phase", "podIP", "reason", "conditions", "containerStatuses")
+            for k in (
+                "phase",
+                "podIP",
+                "reason",
+                "conditions",
+                "containerStatuses",
+                "initContainerStatuses",
+            )
             if k in status
         },
     }

@@ -45,6 +45,7 @@ class PodState:
     waiting_reason: str = ""
     waiting_message: str = ""
     created: datetime | None = None  # creationTimestamp: since when it waits
+    failed_init: str = ""  # the init container that failed, ending the pod before its main
 
     @property
     def oom_killed(self) -> bool:

@@ -92,3 +92,18 @@ def test_a_container_on_its_normal_way_to_running_waits_for_nothing_wrong() -> N
         state = kube.pod_state(pod("Pending", state={"waiting": {"reason": reason}}), "u")
         assert state is not None
         assert state.waiting_reason == ""
+
+
+def test_a_failed_init_container_is_named_with_its_exit_code_and_words() -> None:
+    """The pod failed before its main container ran: the job's message read "failed with
+    reason ?"."""
+    failed = pod("Failed", state={"waiting": {"reason": "PodInitializing"}})
+    failed["status"]["initContainerStatuses"] = [
+        {"name": "fetch", "state": {"terminated": {"exitCode": 3, "message": "init broke"}}}
+    ]
+    state = kube.pod_state(kube.slim_pod(failed), "u")
+    assert state is not None
+    assert (state.exit_code, state.failed_init) == (3, "fetch")
+    from jaxps_operator.policy import restart
+
+    assert restart._how(state) == "failed: its init container 'fetch' exited 3: init broke"

@@ -58,6 +58,9 @@ def oom_advice(job: Mapping[str, Any], pod: PodState) -> str:
 
 
 def _how(pod: PodState) -> str:
+    if pod.failed_init:
+        said = f": {pod.message.strip()}" if pod.message.strip() else ""
+        return f"failed: its init container {pod.failed_init!r} exited {pod.exit_code}{said}"
     if pod.oom_killed:
         return (
             f"was OOMKilled (exit code {pod.exit_code}, memory limit {pod.memory_limit or 'none'})"
