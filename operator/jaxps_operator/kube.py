@@ -31,7 +31,7 @@ from jaxps_operator import builders, capacity, issuer, progress
 from jaxps_operator.apiserver import Api, ApiError, message_of
 from jaxps_operator.conditions import Event, parse_time
 from jaxps_operator.objects import PodState
-from jaxps_operator.reconcile import Children, ConflictError
+from jaxps_operator.reconcile import Children, ConflictError, RefusedError
 
 __all__ = [
     "ApiError",
@@ -520,6 +520,10 @@ class KubeCluster:
         except ApiError as err:
             if err.status == 409:
                 return False
+            if err.status in (400, 422):  # invalid: the manifest, which no retry changes
+                raise RefusedError(
+                    f"{manifest['kind']} {manifest['metadata']['name']}: {message(err)}"
+                ) from err
             raise
         if manifest["kind"] == "Pod" and isinstance(made, dict):
             self.pod_seen("ADDED", made)  # the next pass sees it before its watch event

@@ -98,13 +98,15 @@ def plan(
     metrics: Mapping[str, float] | None = None,
     admission: kueue.Admission | None = None,
     issued_workers: int | None = None,
+    refused: str = "",
 ) -> Plan:
     """The Plan for `job` (validated, defaults applied) given its pods at `now` (aware UTC).
     `credentials`: the files of the job's Secret when it has none yet (it is created then);
     `network_policy`: the job's NetworkPolicy is to be created; `metrics`: the jaxps_*
     metrics the chief served this pass ({} when it runs not or did not answer); `admission`:
     what Kueue says of a job in a queue (None: the job is not Kueue's); `issued_workers`: the
-    workers its credentials hold certificates for (None: none issued yet).
+    workers its credentials hold certificates for (None: none issued yet); `refused`: the API
+    server's words when it refused a child of the job as invalid (the job fails).
 
     The job runs with its worker replicas cut to what it may have (`capacity.within`); the
     workers past them are leaving (`policy.scale`): deleted, and seen by no other policy."""
@@ -143,6 +145,12 @@ def plan(
         issued_workers=issued_workers,
     )
 
+    if refused and not status.finished:  # no retry makes the API server take it
+        status.finish(
+            succeeded=False,
+            reason="InvalidTemplate",
+            message=f"the API server refused a child of this job as invalid: {refused}",
+        )
     if not status.finished:
         _run(
             job,

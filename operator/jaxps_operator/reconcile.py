@@ -85,7 +85,8 @@ class Cluster(Protocol):
         of `job` (given with every worker it may ever have: `capacity.at_capacity`)."""
 
     def create(self, job: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
-        """Creates a Pod or the Service; False when it already exists."""
+        """Creates a Pod or the Service; False when it already exists. Raises `RefusedError`
+        when the API server refuses it as invalid (400, 422): no retry would change that."""
 
     def delete_pod(self, job: Mapping[str, Any], name: str) -> bool:
         """Deletes a pod (gracefully); False when it was already gone."""
@@ -110,6 +111,11 @@ class Outcome:
     replaced: list[tuple[str, int]] = field(default_factory=list)  # (role, index) of each
 
 
+class RefusedError(Exception):
+    """The API server refused a child as invalid (a pod template it does not take, a Secret
+    past its size): the message is its words, naming the object."""
+
+
 @dataclass
 class Validator:
     """Jobs validated against the CRD with defaults applied, once per uid and generation (the
@@ -121,6 +127,7 @@ class Validator:
     rules: bool = True
     cache: dict[tuple[str, str], tuple[str, int, dict[str, Any]]] = field(default_factory=dict)
     reported: set[str] = field(default_factory=set)  # uids whose invalid spec was posted
+    refused: dict[str, str] = field(default_factory=dict)  # uid -> the API server's refusal
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def job(self, raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -159,7 +166,9 @@ class Validator:
     def forget(self, namespace: str, name: str) -> None:
         """The job is gone: its cache entry goes too."""
         with self.lock:
-            self.cache.pop((namespace, name), None)
+            gone = self.cache.pop((namespace, name), None)
+            if gone is not None:
+                self.refused.pop(gone[0], None)
 
 
 def reconcile(
@@ -228,18 +237,27 @@ def reconcile(
         else {},
         admission=queue.admission if queue is not None else None,
         issued_workers=issued,
+        refused=validator.refused.get(str(job["metadata"].get("uid", "")), ""),
     )
     status = plan.status
     if status != job["status"]:
         cluster.write_status(raw, status)
     gone = list(parallel(lambda n: cluster.delete_pod(job, n), plan.delete))
     deleted = [n for n, ok in zip(plan.delete, gone, strict=True) if ok]
-    made = list(parallel(lambda m: cluster.create(job, m), plan.create))
+    made = list(parallel(lambda m: _create(cluster, job, m), plan.create))
     created = [
         f"{m['kind']} {m['metadata']['name']}"
         for m, ok in zip(plan.create, made, strict=True)
-        if ok
+        if ok is True
     ]
+    refusals = [str(r) for r in made if isinstance(r, RefusedError)]
+    if refusals:  # the next pass fails the job, naming it
+        with validator.lock:
+            validator.refused[str(job["metadata"].get("uid", ""))] = refusals[0]
+        plan.events.append(Event("Warning", "CreateRefused", refusals[0]))
+        requeue_now = True
+    else:
+        requeue_now = False
     if deleted:
         plan.events.append(Event("Normal", "PodsDeleted", f"deleted pod {', '.join(deleted)}"))
     if created:
@@ -262,9 +280,9 @@ def reconcile(
         cluster.delete_job(raw)
         validator.forget(namespace, name)
         return Outcome(state=None, replaced=plan.replaced)
-    requeue = plan.requeue_after
+    requeue = 0.0 if requeue_now else plan.requeue_after
     if progress_interval is not None and running and status["state"] not in TERMINAL:
-        requeue = min(requeue or progress_interval, progress_interval)
+        requeue = min(progress_interval if requeue is None else requeue, progress_interval)
     return Outcome(state=status["state"], requeue_after=requeue, replaced=plan.replaced)
 
 
@@ -344,3 +362,13 @@ def _source_field(kind: str) -> str:
     if kind == kueue.WORKLOAD_PRIORITY[1]:
         return f"label {kueue.PRIORITY_LABEL}"
     return "a template's spec.priorityClassName"
+
+
+def _create(
+    cluster: Cluster, job: Mapping[str, Any], manifest: Mapping[str, Any]
+) -> bool | RefusedError:
+    """`cluster.create`, a refusal as invalid returned rather than raised."""
+    try:
+        return cluster.create(job, manifest)
+    except RefusedError as err:
+        return err

@@ -486,3 +486,23 @@ def test_a_pod_the_scheduler_cannot_place_is_named_then_fails_the_job_past_its_t
 
     assert all(e["type"] == "Warning" for e in wait_for(warnings, what="the Failed Event"))
     wait_for(lambda: not jobs.pods("mnist"), what="the pending pods to be deleted")
+
+
+def test_a_pod_template_the_apiserver_refuses_fails_the_job_with_its_words(
+    jobs: Jobs, operator: Operator
+) -> None:
+    """A container name the API server refuses left the job Created forever: the 422 was in
+    the operator's log only, retried without end, and the ps pod ran on."""
+    job = mnist("refused")
+    job["spec"]["replicaSpecs"]["worker"]["template"] = {
+        "spec": {"containers": [{"name": "Main_Container"}]}
+    }
+    jobs.apply(job)
+    failed = jobs.wait_condition("refused", "Failed")
+    assert failed["reason"] == "InvalidTemplate", failed
+    assert (
+        "the API server refused a child of this job as invalid: Pod refused-worker-"
+        in (failed["message"])
+    ), failed
+    assert 'spec.containers[0].name: Invalid value: "Main_Container"' in failed["message"]
+    jobs.wait_event("refused", "CreateRefused", "Main_Container")
