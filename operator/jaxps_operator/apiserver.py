@@ -248,6 +248,8 @@ class Api:
         url = self.url(path, query)
         for attempt in (0, 1):
             try:
+                if attempt:  # a new one: the next kept connection may be as stale
+                    raise queue.Empty
                 conn = self._idle.get_nowait()
                 reused = True
             except queue.Empty:
