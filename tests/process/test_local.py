@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +201,37 @@ def test_a_local_process_gets_the_pods_environment_as_the_builder_made_it(tmp_pa
         local_cluster.stop_all()
 
 
+@contextlib.contextmanager
+def _running(manifest: dict[str, Any], tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """`jaxps local` of `manifest` in the background, its work directory tmp_path/work;
+    killed if it still runs when the block ends."""
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    work = tmp_path / "work"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxps_operator", "local", str(path), "--workdir", str(work)],
+        env=harness.runtime_env({"PYTHONPATH": str(ROOT / "operator")}),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _until(proc: subprocess.Popen[str], condition: Callable[[], bool], *, what: str) -> None:
+    """Waits (180 s at most) until `condition`, failing with the run's words if it ends first."""
+    deadline = time.monotonic() + 180
+    while not condition():
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
 def test_sigterm_to_jaxps_local_stops_the_ps_last_so_the_chiefs_checkpoint_commits(
     tmp_path: Path,
 ) -> None:
@@ -211,28 +244,15 @@ def test_sigterm_to_jaxps_local_stops_the_ps_last_so_the_chiefs_checkpoint_commi
     training["steps"] = 1_000_000
     root = tmp_path / "ckpt"
     training["checkpoint"] = {"dir": str(root), "everySteps": 500_000}
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(manifest))
-    work = tmp_path / "work"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxps_operator", "local", str(path), "--workdir", str(work)],
-        env=harness.runtime_env({"PYTHONPATH": str(ROOT / "operator")}),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        chief_log = work / f"{manifest['metadata']['name']}-worker-0.log"
-        deadline = time.monotonic() + 180
-        while "step " not in (chief_log.read_text() if chief_log.exists() else ""):
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "the chief never logged a step"
-            time.sleep(0.2)
+    chief_log = tmp_path / "work" / f"{manifest['metadata']['name']}-worker-0.log"
+    with _running(manifest, tmp_path) as proc:
+        _until(
+            proc,
+            lambda: "step " in (chief_log.read_text() if chief_log.exists() else ""),
+            what="the chief's first step",
+        )
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 130, err
     said = chief_log.read_text()
     assert "preempted (SIGTERM): checkpoint of step" in said, said[-3000:]
@@ -247,28 +267,11 @@ def test_a_work_directory_removed_mid_run_stops_every_task_saying_so(tmp_path: P
     name = manifest["metadata"]["name"] = f"gone-{uuid.uuid4().hex[:8]}"
     manifest["spec"]["training"].update(steps=1_000_000)
     manifest["spec"]["training"].pop("checkpoint")
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(manifest))
     work = tmp_path / "work"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxps_operator", "local", str(path), "--workdir", str(work)],
-        env=harness.runtime_env({"PYTHONPATH": str(ROOT / "operator")}),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 180
-        while not (work / f"{name}-worker-1.log").exists():
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "no task started"
-            time.sleep(0.2)
+    with _running(manifest, tmp_path) as proc:
+        _until(proc, (work / f"{name}-worker-1.log").exists, what="a task to start")
         shutil.rmtree(work)
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 1, err
     assert f"the work directory {work} was removed while the job ran" in err, err
     assert "Traceback" not in err, err
