@@ -45,7 +45,7 @@ from proc import cpu_seconds
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "runtime")]
 
-from jaxps_operator import apiserver, builders, kube, planner, schema  # noqa: E402
+from jaxps_operator import builders, kube, kubeclient, planner, schema  # noqa: E402
 from jaxps_operator.objects import PodState  # noqa: E402
 
 ROLES = {"chief": 1, "ps": 2, "worker": 4}
@@ -132,7 +132,7 @@ def main() -> int:
             subprocess.run, [*cluster, "down", "--dir", str(state)], check=False, stdout=sys.stderr
         )
         os.environ["KUBECONFIG"] = str(state / "kubeconfig")
-        api = apiserver.Api.from_environment()
+        api = kubeclient.Api()
         for crd in (ROOT / "crds" / "trainingjob.yaml", Path(kubeflow_dir) / "tfjobs.yaml"):
             body = yaml.safe_load(crd.read_text())
             api.call("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body=body)
@@ -142,7 +142,7 @@ def main() -> int:
                 api.call("GET", f"/apis/{kube.API}/namespaces/default/{kube.PLURAL}")
                 api.call("GET", "/apis/kubeflow.org/v1/namespaces/default/tfjobs")
                 break
-            except apiserver.ApiError:
+            except kubeclient.ApiError:
                 if time.monotonic() > deadline:
                     raise SystemExit("the CRDs were not served within 120 s") from None
                 time.sleep(0.2)

@@ -297,7 +297,7 @@ def run_operator(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_INVALID
-    controller.run(
+    return controller.run(
         controller.Options(
             namespaces=tuple(args.namespaces),
             workers=args.workers,
@@ -310,7 +310,6 @@ def run_operator(args: argparse.Namespace) -> int:
             kueue=args.kueue,
         )
     )
-    return EXIT_SUCCEEDED
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,60 +1,49 @@
-"""The operator: watches, a work queue, and the reconcile pass on the API server.
+"""The operator: kopf watches, a work queue, and the reconcile pass on the API server.
 
     jaxps operator [--namespace NS ...] [--peering NAME]
 
-`informer.Informer`s list and watch the TrainingJobs and the pods, Services and Workloads
-labelled with `jaxps.dev/job-name`, each in a thread of its own; each event only puts the job's
-key on a work queue (and keeps the job's body and its pods for the passes to read: `kube`).
+kopf (DESIGN.md) lists and watches the TrainingJobs and the pods, Services and Workloads
+labelled with `jaxps.dev/job-name` (a server-side label selector: no other pod is listed),
+resumes its watches, re-lists after 410 Gone, serves the liveness endpoint and runs the
+process's life: start, SIGTERM, cleanup. Only its stateless handlers are used
+(`@kopf.index`, `@kopf.on.event`, `on.startup`, `on.cleanup`, `on.probe`), so kopf writes
+nothing to any object: no finalizer, no annotation, no status. The pods of each job are a kopf
+index; each event only puts the job's key on a work queue.
+
 Worker threads take a key at a time, never the same key twice at once, and run one
 level-based pass each: `reconcile.reconcile` on `kube.KubeCluster`, the same pass `jaxps local`
-runs. Threads, as client-go's controllers are built, not an event loop: an event reaches its
-pass through one lock and one wake-up (through a loop and a thread pool it was two hops).
-
-Events that arrive during a pass queue the key again; a Plan's `requeue_after` (deadline, TTL)
-and the progress interval are real timers; a pass that fails is tried again after a per-key
-exponential backoff with jitter (`workqueue`), which a successful pass resets. The status is
-written with the resourceVersion that was read, so a concurrent change (409) just repeats the
-pass (0.1 s later; a conflict is no failure). Pods are created with deterministic names, so a
-create that answers 409 is success and a restarted operator creates no duplicates. With
-`--peering`, only the replica that holds the Lease runs passes (`lease`).
-
-This replaced kopf and the official client (DESIGN.md's first operator): their imports alone
-made the process larger than Kubeflow's whole operator, and kopf's per-event machinery, with a
-LIST of the job's pods per pass, used four times its CPU. What kopf gave that is kept: the
-watches with bookmarks and re-lists, the liveness endpoint, several replicas of which one works.
+runs, the only writer, once per pass. Every call goes through the official client
+(`kubeclient`). Events that arrive during a pass queue the key again; a Plan's `requeue_after`
+(deadline, TTL) and the progress interval are real timers; a pass that fails is tried again
+after a per-key exponential backoff with jitter (`workqueue`), which a successful pass resets.
+The status is written with the resourceVersion that was read, so a concurrent change (409)
+just repeats the pass (0.1 s later; a conflict is no failure). Pods are created with
+deterministic names, so a create that answers 409 is success and a restarted operator creates
+no duplicates. With `--peering`, every replica watches and only the holder of a
+coordination.k8s.io Lease runs passes (the client's leader election: `Leader`).
 """
 
 from __future__ import annotations
 
-import fnmatch
+import asyncio
 import gc
-import json
 import logging
 import os
-import signal
 import socket
 import threading
 import time
-import urllib.parse
-from collections.abc import Callable
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import kopf
+from kubernetes.leaderelection import electionconfig, leaderelection
+from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from jaxps_operator import (
-    apiserver,
-    builders,
-    informer,
-    kube,
-    kueue,
-    kueue_api,
-    lease,
-    reconcile,
-)
+from jaxps_operator import builders, kube, kubeclient, kueue, kueue_api, reconcile
 from jaxps_operator.conditions import STATES
 from jaxps_operator.workqueue import Key, WorkQueue
 
@@ -251,118 +240,14 @@ class Controller:
                 self.queue.add_after(key, outcome.requeue_after)
 
 
-# --- watches, the Lease, the liveness endpoint -------------------------------------------------
+# --- the Lease -----------------------------------------------------------------------------------
 
-
-def matcher(patterns: tuple[str, ...]) -> Callable[[str], bool]:
-    """Which namespaces globs like `team-*` (and exclusions like `!team-x`) name; () is all."""
-    include = [p for p in patterns if not p.startswith("!")]
-    exclude = [p[1:] for p in patterns if p.startswith("!")]
-
-    def accept(namespace: str) -> bool:
-        if any(fnmatch.fnmatchcase(namespace, p) for p in exclude):
-            return False
-        return not include or any(fnmatch.fnmatchcase(namespace, p) for p in include)
-
-    return accept
-
-
-@dataclass(frozen=True)
-class Watched:
-    """A kind the operator watches: its API path prefix and plural, and the label it needs."""
-
-    prefix: str  # /api/v1 or /apis/GROUP/VERSION
-    plural: str
-    selector: str | None
-
-    def paths(self, namespaces: tuple[str, ...]) -> list[str]:
-        """One path per namespace when all are named; else the cluster's (globs filter it)."""
-        if namespaces and not any(set(ns) & set("*?[!") for ns in namespaces):
-            return [f"{self.prefix}/namespaces/{ns}/{self.plural}" for ns in namespaces]
-        return [f"{self.prefix}/{self.plural}"]
-
-
-JOBS = Watched(f"/apis/{kube.API}", kube.PLURAL, None)
-PODS = Watched("/api/v1", "pods", builders.LABEL_JOB)
-SERVICES = Watched("/api/v1", "services", builders.LABEL_JOB)
-WORKLOADS = Watched(f"/apis/{kueue.GROUP}/{kueue.VERSION}", kueue_api.PLURAL, builders.LABEL_JOB)
-
-
-def informers(
-    api: apiserver.Api,
-    controller: Controller,
-    cluster: kube.KubeCluster,
-) -> dict[str, list[informer.Informer]]:
-    """The watches of jobs and of their pods, Services and (with Kueue) Workloads; each event
-    only puts the job's key on the queue, from the watch's thread."""
-    options = controller.options
-    accept = matcher(options.namespaces)
-
-    def job_event(type_: str, job: dict[str, Any]) -> None:
-        meta = job.get("metadata") or {}
-        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-        cluster.seen(type_, job)
-        if type_ == "DELETED":
-            controller.forget(key)
-        else:
-            controller.touch(key)
-
-    def child_event(type_: str, obj: dict[str, Any]) -> None:
-        meta = obj.get("metadata") or {}
-        job = (meta.get("labels") or {}).get(builders.LABEL_JOB)
-        if job:
-            controller.touch((str(meta.get("namespace", "")), job))
-
-    def pod_event(type_: str, pod: dict[str, Any]) -> None:
-        cluster.pod_seen(type_, pod)
-        child_event(type_, pod)
-
-    def service_event(type_: str, service: dict[str, Any]) -> None:
-        meta = service.get("metadata") or {}
-        job = (meta.get("labels") or {}).get(builders.LABEL_JOB)
-        if type_ == "DELETED" and job:
-            cluster.child_deleted(str(meta.get("namespace", "")), job)
-        child_event(type_, service)
-
-    kinds: list[tuple[str, Watched, informer.Handler]] = [
-        ("jobs", JOBS, job_event),
-        ("pods", PODS, pod_event),
-        ("services", SERVICES, service_event),
-    ]
-    if options.kueue:  # Kueue admits, evicts and requeues through the Workload: a pass each
-        kinds.append(("workloads", WORKLOADS, child_event))
-    return {
-        name: [
-            informer.Informer(api, path, handler, selector=kind.selector, accept=accept)
-            for path in kind.paths(options.namespaces)
-        ]
-        for name, kind, handler in kinds
-    }
-
-
-def serve_liveness(url: str, probe: Callable[[], dict[str, int] | None]) -> ThreadingHTTPServer:
-    """GET on the URL's path: 200 and `probe()` as JSON once it answers, else 503."""
-    parsed = urllib.parse.urlsplit(url)
-    path = parsed.path or "/"
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            found = probe() if self.path == path else None
-            code = 404 if self.path != path else 200 if found is not None else 503
-            data = json.dumps(found or {}).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # not a line per kubelet probe
-
-    server = ThreadingHTTPServer((parsed.hostname or "0.0.0.0", parsed.port or 80), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="liveness", daemon=True).start()
-    return server
+# A standby takes over once the holder's record has not changed for LEASE_DURATION seconds by
+# its own clock (checked every RETRY): after a holder is killed, at most LEASE_DURATION + 2 RETRY.
+# A holder that cannot renew for RENEW_DEADLINE seconds stops before anyone may take over.
+LEASE_DURATION = 10
+RENEW_DEADLINE = 7
+RETRY = 2
 
 
 def identity() -> str:
@@ -370,57 +255,221 @@ def identity() -> str:
     return os.environ.get("POD_ID") or f"{socket.gethostname()}-{os.getpid()}"
 
 
-def serve(controller: Controller, api: apiserver.Api, cluster: kube.KubeCluster) -> None:
-    """Watches, works (while this replica leads) and answers probes until SIGTERM or SIGINT;
-    runs in the main thread (where signal handlers are set)."""
-    options = controller.options
-    stopping = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stopping.set())
-    watches = informers(api, controller, cluster)
-    cluster.pods_watched = lambda: all(i.synced.is_set() for i in watches["pods"])
-    cluster.on_gone = lambda namespace, name: controller.touch((namespace, name))
-    leader = None
-    if options.peering is not None:
-        leader = lease.Leader(
-            api, namespace=lease.own_namespace(), name=options.peering, identity=identity()
+def own_namespace() -> str:
+    """POD_NAMESPACE (the chart sets it), else the service account's, else `default`."""
+    path = kubeclient.SERVICE_ACCOUNT / "namespace"
+    found = os.environ.get("POD_NAMESPACE") or (path.read_text().strip() if path.exists() else "")
+    return found or "default"
+
+
+class _Lock(LeaseLock):
+    """The client's LeaseLock, which writes nothing once `stopped` is set: a Lease handed back
+    is not renewed again by a round of the election already under way."""
+
+    def __init__(self, name: str, namespace: str, holder: str, stopped: threading.Event) -> None:
+        super().__init__(name, namespace, holder)  # type: ignore[no-untyped-call]
+        self.stopped = stopped
+
+    def create(self, name: str, namespace: str, election_record: Any) -> bool:
+        if self.stopped.is_set():
+            return False
+        return bool(super().create(name, namespace, election_record))  # type: ignore[no-untyped-call]
+
+    def update(self, name: str, namespace: str, updated_record: Any) -> bool:
+        if self.stopped.is_set():
+            return False
+        return bool(super().update(name, namespace, updated_record))  # type: ignore[no-untyped-call]
+
+
+class Leader:
+    """The client's leader election (`kubernetes.leaderelection`) on the Lease `name`, in a
+    thread: `leading` is set while this replica holds it. A holder that loses it calls `lost`
+    (the operator stops and exits, as kube-controller-manager does, and comes back a standby);
+    one that stops hands it back, so a standby takes over at once."""
+
+    def __init__(
+        self, api: kubeclient.Api, *, namespace: str, name: str, holder: str, lost: Any
+    ) -> None:
+        self.api = api
+        self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+        self.name = name
+        self.holder = holder
+        self.lost = lost
+        self.leading = threading.Event()
+        self.stopped = threading.Event()
+        config = electionconfig.Config(  # type: ignore[no-untyped-call]
+            _Lock(name, namespace, holder, self.stopped),
+            LEASE_DURATION,
+            RENEW_DEADLINE,
+            RETRY,
+            onstarted_leading=self._lead,
+            onstopped_leading=self._lose,
         )
-        controller.leading = leader.leading
-        leader.start()
-    for watch in (w for ws in watches.values() for w in ws):
-        watch.start()
+        election = leaderelection.LeaderElection(config)  # type: ignore[no-untyped-call]
+        self._thread = threading.Thread(target=election.run, name="lease", daemon=True)
 
-    def probe() -> dict[str, int] | None:
-        if not all(w.synced.is_set() for w in watches["jobs"]):
-            return None
-        return {"jobs": len(controller.states), "queued": len(controller.queue)}
+    def start(self) -> None:
+        self._thread.start()
 
-    health = serve_liveness(options.liveness, probe) if options.liveness else None
-    controller.start()
-    log.info(
-        "jaxps operator: watching %s with %d workers%s",
-        ", ".join(options.namespaces) or "every namespace",
-        options.workers,
-        f", as {identity()} among the replicas of Lease {options.peering}" if leader else "",
-    )
-    while not stopping.wait(1.0):  # a timeout: so the main thread runs the signal handlers
-        pass
-    log.info("jaxps operator: stopping")
-    if health is not None:
-        health.shutdown()
-    for watch in (w for ws in watches.values() for w in ws):
-        watch.stop()
-    if leader is not None:
-        leader.stop()
-    controller.stop()
+    def _lead(self) -> None:
+        log.info("Lease %s: %s leads", self.name, self.holder)
+        self.leading.set()
+
+    def _lose(self) -> None:
+        if self.stopped.is_set():
+            return
+        self.leading.clear()
+        log.error(
+            "Lease %s: not renewed for %d s; %s stops", self.name, RENEW_DEADLINE, self.holder
+        )
+        self.lost()
+
+    def stop(self) -> None:
+        """Stops renewing; hands the Lease back if held."""
+        self.stopped.set()
+        if not self.leading.is_set():
+            return
+        self.leading.clear()
+        for _ in range(3):  # a renewal already under way may win once (409): read it again
+            try:
+                lease = self.api.call("GET", self.path)
+                if (lease.get("spec") or {}).get("holderIdentity") != self.holder:
+                    return
+                lease["spec"] |= {"holderIdentity": "", "leaseDurationSeconds": 1}
+                self.api.call("PUT", self.path, body=lease)
+                log.info("Lease %s: handed back", self.name)
+                return
+            except kubeclient.ApiError as err:
+                if err.status != 409:
+                    log.warning("handing back Lease %s: %s", self.name, kubeclient.message_of(err))
+                    return
+            except Exception as err:  # it expires by itself, LEASE_DURATION seconds on
+                log.warning("handing back Lease %s: %s", self.name, err)
+                return
 
 
-def run(options: Options) -> None:
-    """Runs the operator until SIGTERM or SIGINT."""
+# --- kopf: the watches, the index of pods, the probe, the life of the process --------------------
+
+SELECTOR = {builders.LABEL_JOB: kopf.PRESENT}
+
+
+class _NoDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """No handler here detects changes, so no essence of an object is built or kept (kopf
+    built one, a deep copy, per event: half of its cost per event)."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        return {}
+
+    def fetch(self, *, body: Any) -> Any:
+        return None
+
+
+def settings(options: Options) -> kopf.OperatorSettings:
+    """kopf as the operator uses it: pods, Services and Workloads selected by the job label on
+    the API server; nothing posted or stored by kopf itself."""
+    found = kopf.OperatorSettings()
+    found.posting.enabled = False  # Events are the pass's, not kopf's log lines
+    found.persistence.diffbase_storage = _NoDiffBase()
+    for kind in (("v1", "pods"), ("v1", "services"), (kueue.GROUP, kueue_api.PLURAL)):
+        found.watching.label_selectors[kind] = builders.LABEL_JOB
+    return found
+
+
+def register(
+    registry: kopf.OperatorRegistry,
+    controller: Controller,
+    cluster: kube.KubeCluster,
+    leader: Leader | None,
+) -> None:
+    """The handlers: each event only updates what a pass reads and puts the job on the queue."""
+    options = controller.options
+
+    @kopf.index("v1", "pods", labels=SELECTOR, id="pods_by_job", registry=registry)
+    async def pods_by_job(
+        *, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+    ) -> dict[Key, dict[str, Any]]:
+        return {(namespace or "", labels[builders.LABEL_JOB]): kube.slim_pod(body)}
+
+    @kopf.on.event(kube.GROUP, kube.VERSION, kube.PLURAL, registry=registry)
+    async def job_event(
+        *, event: kopf.RawEvent, namespace: str | None, name: str, **_: Any
+    ) -> None:
+        key = (namespace or "", name)
+        cluster.seen(event["type"], event["object"])
+        if event["type"] == "DELETED":
+            controller.forget(key)
+        else:
+            controller.touch(key)
+
+    @kopf.on.event("v1", "pods", labels=SELECTOR, registry=registry)
+    async def pod_event(
+        *, event: kopf.RawEvent, namespace: str | None, labels: Mapping[str, str], **_: Any
+    ) -> None:
+        cluster.pod_event(event["type"], event["object"])
+        controller.touch((namespace or "", labels[builders.LABEL_JOB]))
+
+    @kopf.on.event("v1", "services", labels=SELECTOR, registry=registry)
+    async def service_event(
+        *, event: kopf.RawEvent, namespace: str | None, labels: Mapping[str, str], **_: Any
+    ) -> None:
+        if event["type"] == "DELETED":
+            cluster.child_deleted(namespace or "", labels[builders.LABEL_JOB])
+        controller.touch((namespace or "", labels[builders.LABEL_JOB]))
+
+    if options.kueue:  # Kueue admits, evicts and requeues through the Workload: a pass each
+
+        @kopf.on.event(
+            kueue.GROUP, kueue.VERSION, kueue_api.PLURAL, labels=SELECTOR, registry=registry
+        )
+        async def workload_event(
+            *, namespace: str | None, labels: Mapping[str, str], **_: Any
+        ) -> None:
+            controller.touch((namespace or "", labels[builders.LABEL_JOB]))
+
+    @kopf.on.startup(registry=registry)
+    async def start(**kwargs: Any) -> None:
+        pods_by_job: kopf.Index[Key, dict[str, Any]] = kwargs["pods_by_job"]
+
+        def pods(namespace: str, job: str) -> list[dict[str, Any]]:
+            # list() of a kopf Store copies its dict's values in one step, safe from a thread
+            return list(pods_by_job.get((namespace, job), ()))
+
+        cluster.pod_index = pods
+        if leader is not None:
+            leader.start()
+        controller.start()
+        log.info(
+            "jaxps operator: watching %s with %d workers%s",
+            ", ".join(options.namespaces) or "every namespace",
+            options.workers,
+            f", as {leader.holder} among the replicas of Lease {leader.name}" if leader else "",
+        )
+
+    @kopf.on.probe(id="jobs", registry=registry)
+    async def jobs(**_: Any) -> int:
+        return len(controller.states)
+
+    @kopf.on.probe(id="queued", registry=registry)
+    async def queued(**_: Any) -> int:
+        return len(controller.queue)
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop(**_: Any) -> None:
+        log.info("jaxps operator: stopping")
+        if leader is not None:
+            await asyncio.to_thread(leader.stop)
+        await asyncio.to_thread(controller.stop)
+
+
+def run(options: Options) -> int:
+    """Runs the operator until SIGTERM or SIGINT (0), or until it loses its Lease (1)."""
     logging.basicConfig(
         level=logging.INFO, format="[%(asctime)s] %(name)-20s [%(levelname)-8s] %(message)s"
     )
-    api = apiserver.Api.from_environment()
+    # kopf's line per handled event, and the election's per round, say nothing a user needs
+    for quiet in ("kopf", "leaderelection"):
+        logging.getLogger(quiet).setLevel(logging.WARNING)
+    api = kubeclient.Api(kubeclient.load(pod_first=True, default=True).configuration)
     metrics = Metrics()
     cluster = kube.KubeCluster(api, network_policies=options.network_policy)
     controller = Controller(
@@ -435,10 +484,30 @@ def run(options: Options) -> None:
         ),
         metrics=metrics,
     )
+    stop = threading.Event()  # set when the Lease is lost
+    leader = None
+    if options.peering is not None:
+        leader = Leader(
+            api, namespace=own_namespace(), name=options.peering, holder=identity(), lost=stop.set
+        )
+        controller.leading = leader.leading
+    cluster.on_gone = lambda namespace, name: controller.touch((namespace, name))
+    registry = kopf.OperatorRegistry()
+    register(registry, controller, cluster, leader)
     if options.metrics_port is not None:
         start_http_server(options.metrics_port, registry=metrics.registry)
     # What is loaded by now lives as long as the process: out of the collector's sight, so a
-    # full collection walks only what the watches and passes made (it walked every module's
-    # objects too, tens of milliseconds added to whichever pass it fell in).
+    # full collection walks only what the watches and passes made.
     gc.freeze()
-    serve(controller, api, cluster)
+    asyncio.run(
+        kopf.operator(
+            registry=registry,
+            settings=settings(options),
+            standalone=True,  # no kopf peering: the Lease elects (`Leader`)
+            clusterwide=not options.namespaces,
+            namespaces=options.namespaces,
+            liveness_endpoint=options.liveness,
+            stop_flag=stop,
+        )
+    )
+    return 1 if stop.is_set() else 0

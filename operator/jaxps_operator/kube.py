@@ -1,4 +1,4 @@
-"""The Kubernetes adapter of the `Cluster` port: the API server, through `apiserver.Api`.
+"""The Kubernetes adapter of the `Cluster` port: the API server, through the official client.
 
 Every call here blocks on the network: the controller makes them from its worker threads, never
 from a watch's thread. Creating an object that already exists (409) and deleting one that
@@ -6,13 +6,12 @@ is gone (404) count as success: children have deterministic names and a pass may
 A task's progress is read from its pod IP and its container port named `metrics`; its final
 summary is its container's termination message.
 
-A pass reads a job's pods from what the pod watch fed (`pod_seen`), not with a LIST of its own
-(a LIST per pass was most of the operator's CPU, and of its latency from a pod's phase to the
-job's status). The pods a pass created or deleted are seen by the next pass at once, before
-their watch events come: a created pod as the API server answered it, a deleted one as
-deleting. An older event never replaces a newer one (resourceVersions), and a pod whose
-deletion was seen is not brought back by a late event. Until the pod watch has listed once,
-passes LIST.
+A pass reads a job's pods from kopf's index of the pod watch (`pod_index`), not with a LIST of
+its own (a LIST per pass was most of the operator's CPU, and of its latency from a pod's phase
+to the job's status). The pods a pass created or deleted are seen by the next pass at once,
+before their watch events come: a created pod as the API server answered it, a deleted one as
+deleting (`pod_event` forgets each once the watch has spoken of it). Until kopf hands over its
+index (at start-up), passes LIST.
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from jaxps_operator import builders, capacity, issuer, progress
-from jaxps_operator.apiserver import Api, ApiError, message_of
 from jaxps_operator.conditions import Event, parse_time
+from jaxps_operator.kubeclient import Api, ApiError, message_of
 from jaxps_operator.objects import PodState
 from jaxps_operator.reconcile import Children, ConflictError, RefusedError
 
@@ -58,7 +57,7 @@ GONE_MAX = 10_000  # pods whose deletion is remembered (against late events)
 
 def message(err: ApiError) -> str:
     """The apiserver's own words for a refused request."""
-    return message_of(err.body) or str(err.reason)
+    return message_of(err)
 
 
 def _version(obj: Mapping[str, Any]) -> int | None:
@@ -210,13 +209,14 @@ class KubeCluster:
         api: Api | None = None,
         *,
         network_policies: bool = True,
-        pods_watched: Callable[[], bool] = lambda: False,
+        pod_index: Callable[[str, str], list[dict[str, Any]]] | None = None,
     ) -> None:
         """`network_policies`: whether jobs get one (else they are never read: no RBAC).
-        `pods_watched()`: whether `pod_seen` has been fed every pod (the watch has listed)."""
+        `pod_index(namespace, job)`: the job's pods as the pod watch has them (kopf's index,
+        slimmed); None: LIST them."""
         self.network_policies = network_policies
         self._api = api
-        self.pods_watched = pods_watched
+        self.pod_index = pod_index
         # (namespace, job): a child read as there is gone, the job wants a pass (`_kept`)
         self.on_gone: Callable[[str, str], None] = lambda namespace, name: None
         self.reads = ThreadPoolExecutor(4, thread_name_prefix="jaxps-read")
@@ -224,14 +224,17 @@ class KubeCluster:
         self._known: dict[tuple[str, str, str], tuple[float, list[str]]] = {}
         self._lock = threading.Lock()
         self._jobs: dict[tuple[str, str], dict[str, Any]] = {}  # see `seen`
-        # (namespace, job) -> pod name -> the pod, slimmed: see `pod_seen`
-        self._pods: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+        # what this operator did that the watch has not said yet (`pods`, `pod_event`):
+        # (namespace, job) -> pod name -> the pod it created, slimmed
+        self._made: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+        # (namespace, pod) -> (its uid, when this operator deleted it)
+        self._deleted: dict[tuple[str, str], tuple[str, str]] = {}
         self._gone: dict[tuple[str, str], int] = {}  # (namespace, pod) -> version deleted at
 
     @property
     def api(self) -> Api:
         if self._api is None:
-            self._api = Api.from_environment()
+            self._api = Api()
         return self._api
 
     # --- the port -----------------------------------------------------------------------------
@@ -259,47 +262,69 @@ class KubeCluster:
         )
 
     def pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
-        """The job's pods as watched; listed while the watch has not listed yet."""
-        if self.pods_watched():
-            with self._lock:
-                return list(self._pods.get((namespace, job), {}).values())
-        return self.list_pods(namespace, f"{builders.LABEL_JOB}={job}")
+        """The job's pods as watched, with what this operator did since (a pod it created
+        and the watch has not shown yet; one it deleted, as deleting); listed before the
+        watch's index is there."""
+        if self.pod_index is None:
+            return self.list_pods(namespace, f"{builders.LABEL_JOB}={job}")
+        pods = {p["metadata"]["name"]: p for p in self.pod_index(namespace, job)}
+        with self._lock:
+            for name, made in (self._made.get((namespace, job)) or {}).items():
+                if name not in pods or _newer(made, pods[name]):
+                    pods[name] = made
+            for name, pod in pods.items():
+                uid, stamp = self._deleted.get((namespace, name)) or ("", "")
+                meta = pod["metadata"]
+                if uid and meta.get("uid") == uid and not meta.get("deletionTimestamp"):
+                    pods[name] = {**pod, "metadata": {**meta, "deletionTimestamp": stamp}}
+        return list(pods.values())
 
-    def pod_seen(self, type_: str, pod: Mapping[str, Any]) -> None:
-        """A watch event of a job's pod (or a pod this operator created): kept, slimmed,
-        unless what is kept is newer or the pod's deletion was seen."""
+    def pod_event(self, type_: str | None, pod: Mapping[str, Any]) -> None:
+        """The watch spoke of a job's pod (after kopf's index took it in): what this operator
+        remembered of it is forgotten, the index knows better now."""
         meta = pod.get("metadata") or {}
         job = (meta.get("labels") or {}).get(builders.LABEL_JOB)
         name, namespace = meta.get("name"), meta.get("namespace", "")
         if not job or not name:
             return
-        version = _version(pod)
         key = (namespace, job)
         with self._lock:
+            made = self._made.get(key)
+            if made is not None:
+                made.pop(name, None)
+                if not made:
+                    del self._made[key]
             if type_ == "DELETED":
-                old = (self._pods.get(key) or {}).pop(name, None)
-                if key in self._pods and not self._pods[key]:
-                    del self._pods[key]
+                self._deleted.pop((namespace, name), None)
                 if len(self._gone) >= GONE_MAX:
                     self._gone.clear()
-                at = version if version is not None else (_version(old) if old else None)
-                if at is not None:
-                    self._gone[namespace, name] = at
-                return
+                version = _version(pod)
+                if version is not None:
+                    self._gone[namespace, name] = version
+
+    def _created(self, namespace: str, pod: Mapping[str, Any]) -> None:
+        """A pod this operator created, as the API server answered: read by the next pass
+        until the watch speaks of it (unless the watch already saw it deleted)."""
+        meta = pod.get("metadata") or {}
+        job = (meta.get("labels") or {}).get(builders.LABEL_JOB)
+        name = meta.get("name")
+        if not job or not name:
+            return
+        version = _version(pod)
+        with self._lock:
             gone = self._gone.get((namespace, name))
             if gone is not None and version is not None and version <= gone:
                 return
-            pods = self._pods.setdefault(key, {})
-            if name not in pods or _newer(pod, pods[name]):
-                pods[name] = slim_pod(pod)
+            self._made.setdefault((namespace, job), {})[name] = slim_pod(pod)
 
-    def _deleting(self, namespace: str, name: str, job: str) -> None:
-        """A pod this operator deleted: kept as deleting until its watch says it is gone."""
+    def _deleting(self, namespace: str, name: str, uid: str) -> None:
+        """A pod this operator deleted (that one, by uid: a successor of its name is not):
+        read as deleting until its watch says it is gone."""
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         with self._lock:
-            pod = (self._pods.get((namespace, job)) or {}).get(name)
-            if pod is not None and not pod["metadata"].get("deletionTimestamp"):
-                stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-                pod["metadata"] = {**pod["metadata"], "deletionTimestamp": stamp}
+            if len(self._deleted) >= GONE_MAX:
+                self._deleted.clear()
+            self._deleted[namespace, name] = (uid, stamp)
 
     def _kept(self, job: Mapping[str, Any]) -> list[str] | None:
         """The keys of the job's Secret, when it, the NetworkPolicy and the Service were all
@@ -526,19 +551,23 @@ class KubeCluster:
                 ) from err
             raise
         if manifest["kind"] == "Pod" and isinstance(made, dict):
-            self.pod_seen("ADDED", made)  # the next pass sees it before its watch event
+            self._created(namespace, made)  # the next pass sees it before its watch event
         return True
 
     def delete_pod(self, job: Mapping[str, Any], name: str) -> bool:
         """Deletes a pod; False when it was already gone."""
         namespace = job["metadata"]["namespace"]
         try:
-            self.api.call("DELETE", namespaced(namespace, "pods", name))
+            deleted = self.api.call("DELETE", namespaced(namespace, "pods", name))
         except ApiError as err:
             if err.status == 404:
                 return False
             raise
-        self._deleting(namespace, name, job["metadata"]["name"])
+        uid = (
+            ((deleted or {}).get("metadata") or {}).get("uid") if isinstance(deleted, dict) else ""
+        )
+        if uid:
+            self._deleting(namespace, name, str(uid))
         return True
 
     # --- events -------------------------------------------------------------------------------

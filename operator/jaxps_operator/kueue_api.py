@@ -1,4 +1,4 @@
-"""Kueue's API on the API server: the `reconcile.Workloads` port, through `apiserver.Api`.
+"""Kueue's API on the API server: the `reconcile.Workloads` port, through the official client.
 
 Only `kueue.x-k8s.io/v1beta2`, the stored version: v1beta1 requests need Kueue's conversion
 webhook and fail while Kueue is down (research/kueue.md, section 0). Writes send the whole
@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from jaxps_operator import builders, kueue
-from jaxps_operator.apiserver import Api, ApiError
 from jaxps_operator.kube import namespaced
+from jaxps_operator.kubeclient import Api, ApiError
 from jaxps_operator.reconcile import ConflictError
 
 PLURAL = "workloads"

@@ -9,6 +9,7 @@ is each replica's own count of passes, not who made the pods.
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,4 +91,24 @@ def test_only_the_lease_holder_reconciles_and_a_standby_takes_over_when_it_stops
     wait_for(lambda: holder(crd).startswith("replica-b"), timeout=15, what="b taking the Lease")
     jobs.apply(mnist("second"))
     wait_for(lambda: passes(b) > 0, timeout=30, what=f"a pass by the new holder:\n{b.tail()}")
+    jobs.wait_condition("second", "Created", timeout=60)
+
+
+def test_a_standby_takes_over_within_15_s_when_the_holder_is_killed(
+    crd: Cluster, jobs: Jobs, replicas: dict[str, Operator]
+) -> None:
+    a, b = replicas["replica-a"], replicas["replica-b"]
+    jobs.apply(mnist("first"))
+    jobs.wait_condition("first", "Created", timeout=60)
+    assert a.process is not None
+    a.process.kill()  # SIGKILL: no hand-back, the Lease has to expire
+    killed = time.monotonic()
+    a.process.wait()
+    a.process = None
+    wait_for(lambda: holder(crd).startswith("replica-b"), timeout=30, what="b taking the Lease")
+    jobs.apply(mnist("second"))
+    wait_for(lambda: passes(b) > 0, timeout=30, what=f"a pass by the new holder:\n{b.tail()}")
+    failover = time.monotonic() - killed
+    print(f"failover after the holder was killed: {failover:.1f} s")
+    assert failover <= 15.0, f"failover took {failover:.1f} s"
     jobs.wait_condition("second", "Created", timeout=60)

@@ -24,9 +24,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import urllib3
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
 
 from jaxps.sdk.model import (
     Event,
@@ -39,7 +38,7 @@ from jaxps.sdk.model import (
     ServerUnreachableError,
     task_pods,
 )
-from jaxps_operator import builders
+from jaxps_operator import builders, kubeclient
 from jaxps_operator.kube import GROUP, PLURAL, VERSION
 
 GONE_SECONDS = 120.0  # delete(wait=True): for the job's pods to go
@@ -57,28 +56,12 @@ class KubernetesBackend:
         if not timeout > 0:
             raise ValueError(f"timeout {timeout}: expected seconds > 0")
         self.timeout = timeout
-        configuration = client.Configuration()
-        try:
-            config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig, context=context, client_configuration=configuration
-            )
-            _, active = config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig
-            )
-            chosen = namespace or (active or {}).get("context", {}).get("namespace")
-        except (ConfigException, FileNotFoundError, TypeError) as err:
-            if kubeconfig is not None or context is not None:
-                raise JaxpsError(f"kubeconfig {kubeconfig or ''}: {err}") from None
-            try:
-                config.load_incluster_config(  # type: ignore[no-untyped-call]
-                    client_configuration=configuration
-                )
-            except ConfigException:
-                raise JaxpsError(
-                    f"no Kubernetes credentials: no kubeconfig ({err}) and not in a pod; "
-                    "give Client.kubernetes(kubeconfig=...)"
-                ) from None
-            chosen = namespace or _service_account_namespace()
+        try:  # the operator's loading: the client's loaders, kubeconfig first, then the pod's
+            loaded = kubeclient.load(kubeconfig=kubeconfig, context=context)
+        except kubeclient.LoadError as err:
+            raise JaxpsError(f"{err}; give Client.kubernetes(kubeconfig=...)") from None
+        configuration = loaded.configuration
+        chosen = namespace or loaded.namespace
         self.namespace = chosen or "default"
         # one try per request: urllib3's retries would multiply the timeout (a GET that gets
         # no answer is sent again, three more times)
@@ -337,11 +320,3 @@ def _reason(err: ApiException) -> str:
         return str(json.loads(err.body or "").get("message") or err.reason)
     except (TypeError, ValueError):
         return f"{err.status} {err.reason}"
-
-
-def _service_account_namespace() -> str | None:
-    try:
-        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
