@@ -32,7 +32,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -287,14 +287,12 @@ class Leader:
     (the operator stops and exits, as kube-controller-manager does, and comes back a standby);
     one that stops hands it back, so a standby takes over at once."""
 
-    def __init__(
-        self, api: kubeclient.Api, *, namespace: str, name: str, holder: str, lost: Any
-    ) -> None:
+    def __init__(self, api: kubeclient.Api, *, namespace: str, name: str, holder: str) -> None:
         self.api = api
         self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
         self.name = name
         self.holder = holder
-        self.lost = lost
+        self.lost: Callable[[], object] = lambda: None
         self.leading = threading.Event()
         self.stopped = threading.Event()
         config = electionconfig.Config(  # type: ignore[no-untyped-call]
@@ -384,6 +382,12 @@ def register(
     """The handlers: each event only updates what a pass reads and puts the job on the queue."""
     options = controller.options
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # the client's loaders, as `kubeclient.load`: in a pod its service account, else the
+        # kubeconfig (exec plugins included); kopf logs in again after a 401 (a new token)
+        return kopf.login_via_client(**kwargs)
+
     @kopf.index("v1", "pods", labels=SELECTOR, id="pods_by_job", registry=registry)
     async def pods_by_job(
         *, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
@@ -466,8 +470,8 @@ def run(options: Options) -> int:
     logging.basicConfig(
         level=logging.INFO, format="[%(asctime)s] %(name)-20s [%(levelname)-8s] %(message)s"
     )
-    # kopf's line per handled event, and the election's per round, say nothing a user needs
-    for quiet in ("kopf", "leaderelection"):
+    # kopf's line per handled event, the election's per round and one per probe: noise
+    for quiet in ("kopf", "leaderelection", "aiohttp.access"):
         logging.getLogger(quiet).setLevel(logging.WARNING)
     api = kubeclient.Api(kubeclient.load(pod_first=True, default=True).configuration)
     metrics = Metrics()
@@ -484,11 +488,17 @@ def run(options: Options) -> int:
         ),
         metrics=metrics,
     )
-    stop = threading.Event()  # set when the Lease is lost
+    # set when the Lease is lost: an asyncio.Event of kopf's loop (kopf waits on a threading
+    # Event or a concurrent Future in a thread of the loop's executor, which then kept the
+    # process from exiting after SIGTERM)
+    lost = asyncio.Event()
     leader = None
     if options.peering is not None:
         leader = Leader(
-            api, namespace=own_namespace(), name=options.peering, holder=identity(), lost=stop.set
+            api,
+            namespace=own_namespace(),
+            name=options.peering,
+            holder=identity(),
         )
         controller.leading = leader.leading
     cluster.on_gone = lambda namespace, name: controller.touch((namespace, name))
@@ -499,15 +509,20 @@ def run(options: Options) -> int:
     # What is loaded by now lives as long as the process: out of the collector's sight, so a
     # full collection walks only what the watches and passes made.
     gc.freeze()
-    asyncio.run(
-        kopf.operator(
+
+    async def operate() -> None:
+        if leader is not None:
+            loop = asyncio.get_running_loop()
+            leader.lost = lambda: loop.call_soon_threadsafe(lost.set)
+        await kopf.operator(
             registry=registry,
             settings=settings(options),
             standalone=True,  # no kopf peering: the Lease elects (`Leader`)
             clusterwide=not options.namespaces,
             namespaces=options.namespaces,
             liveness_endpoint=options.liveness,
-            stop_flag=stop,
+            stop_flag=lost,
         )
-    )
-    return 1 if stop.is_set() else 0
+
+    asyncio.run(operate())
+    return 1 if lost.is_set() else 0
