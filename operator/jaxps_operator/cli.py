@@ -376,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--liveness",
         default="http://0.0.0.0:8080/healthz",
         metavar="URL",
-        help="the liveness endpoint (200 once the jobs are listed); '' turns it off (default http://0.0.0.0:8080/healthz)",
+        help="the liveness endpoint (kopf's: 200 once it serves); '' turns it off (default http://0.0.0.0:8080/healthz)",
     )
     ops.add_argument(
         "--peering",

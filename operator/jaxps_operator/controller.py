@@ -373,6 +373,19 @@ def settings(options: Options) -> kopf.OperatorSettings:
     return found
 
 
+def kopf_namespaces(patterns: tuple[str, ...]) -> tuple[str, ...]:
+    """kopf's namespaces for `--namespace` patterns: names as they are (a watch each, even
+    where namespaces cannot be listed); with globs or exclusions (`team-*`, `!team-x`), one kopf
+    pattern per inclusive glob with every exclusion after it (kopf ORs its patterns, and in
+    one pattern only the first inclusive glob includes), so an exclusion holds against all."""
+    if not any(set(p) & set("*?!,") for p in patterns):
+        return patterns
+    parts = [part.strip() for p in patterns for part in p.split(",") if part.strip()]
+    exclude = [p for p in parts if p.startswith("!")]
+    include = [p for p in parts if not p.startswith("!")] or ["*"]
+    return tuple(",".join([glob, *exclude]) for glob in include)
+
+
 def register(
     registry: kopf.OperatorRegistry,
     controller: Controller,
@@ -519,7 +532,7 @@ def run(options: Options) -> int:
             settings=settings(options),
             standalone=True,  # no kopf peering: the Lease elects (`Leader`)
             clusterwide=not options.namespaces,
-            namespaces=options.namespaces,
+            namespaces=kopf_namespaces(options.namespaces),
             liveness_endpoint=options.liveness,
             stop_flag=lost,
         )
