@@ -269,9 +269,14 @@ class KubeCluster:
             return self.list_pods(namespace, f"{builders.LABEL_JOB}={job}")
         pods = {p["metadata"]["name"]: p for p in self.pod_index(namespace, job)}
         with self._lock:
-            for name, made in (self._made.get((namespace, job)) or {}).items():
-                if name not in pods or _newer(made, pods[name]):
-                    pods[name] = made
+            made = self._made.get((namespace, job)) or {}
+            for name, pod in list(made.items()):
+                if name not in pods or _newer(pod, pods[name]):
+                    pods[name] = pod
+                else:  # the watch spoke of it before the create answered: the index knows
+                    del made[name]
+            if not made:
+                self._made.pop((namespace, job), None)
             for name, pod in pods.items():
                 uid, stamp = self._deleted.get((namespace, name)) or ("", "")
                 meta = pod["metadata"]

@@ -99,6 +99,14 @@ def test_a_pod_the_operator_created_is_read_before_its_watch_event_then_as_watch
     assert cluster._made == {}  # forgotten once the watch spoke of it
 
 
+def test_a_created_pod_the_watch_showed_first_is_read_as_watched_and_forgotten() -> None:
+    cluster, index = watched()
+    index.event(cluster, "ADDED", pod("tj-worker-0", "10"))  # before the create's answer
+    cluster._created("ns", pod("tj-worker-0", "10"))
+    assert names(cluster) == {"tj-worker-0": "Pending"}
+    assert cluster._made == {}  # the index has it: nothing kept until its next event
+
+
 def test_a_created_pod_whose_deletion_the_watch_saw_first_is_not_brought_back() -> None:
     cluster, index = watched()
     index.event(cluster, "ADDED", pod("tj-worker-0", "10"))
