@@ -259,9 +259,7 @@ def identity() -> str:
 
 def own_namespace() -> str:
     """POD_NAMESPACE (the chart sets it), else the service account's, else `default`."""
-    path = kubeclient.SERVICE_ACCOUNT / "namespace"
-    found = os.environ.get("POD_NAMESPACE") or (path.read_text().strip() if path.exists() else "")
-    return found or "default"
+    return os.environ.get("POD_NAMESPACE") or kubeclient.service_account_namespace() or "default"
 
 
 class _Lock(LeaseLock):

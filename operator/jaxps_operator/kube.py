@@ -568,9 +568,7 @@ class KubeCluster:
             if err.status == 404:
                 return False
             raise
-        uid = (
-            ((deleted or {}).get("metadata") or {}).get("uid") if isinstance(deleted, dict) else ""
-        )
+        uid = ((deleted or {}).get("metadata") or {}).get("uid")
         if uid:
             self._deleting(namespace, name, str(uid))
         return True

@@ -48,7 +48,7 @@ class Loaded:
     in_cluster: bool
 
 
-def _service_account_namespace() -> str | None:
+def service_account_namespace() -> str | None:
     path = SERVICE_ACCOUNT / "namespace"
     try:
         return path.read_text().strip() or None
@@ -72,7 +72,7 @@ def load(
 
     def from_pod() -> Loaded:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        return Loaded(configuration, _service_account_namespace(), True)
+        return Loaded(configuration, service_account_namespace(), True)
 
     def from_file() -> Loaded:
         config.load_kube_config(  # type: ignore[no-untyped-call]
