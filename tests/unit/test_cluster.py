@@ -445,3 +445,18 @@ def test_free_ports_are_distinct_free_and_below_the_ephemeral_range() -> None:
     for port in ports[:8]:  # free: each binds
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+def test_free_ports_keep_to_jaxps_ports_so_runs_side_by_side_share_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("JAXPS_PORTS", "20000-20099")
+    ports = cluster.free_ports(40)
+    assert len(set(ports)) == 40
+    assert all(20_000 <= p <= 20_099 for p in ports)
+
+
+@pytest.mark.parametrize("value", ["", "20000", "a-b", "20100-20000", "80-90", "60000-70000"])
+def test_a_jaxps_ports_that_is_no_range_is_refused_naming_it(value: str) -> None:
+    with pytest.raises(ValueError, match=rf"JAXPS_PORTS: got '{value}'; expected FIRST-LAST"):
+        cluster.port_range({"JAXPS_PORTS": value})

@@ -457,18 +457,40 @@ PORTS_FROM = 10_000  # the lowest port `free_ports` hands out
 EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct ports free now on 127.0.0.1 (every socket stays bound until all are
-    picked): the addresses of a cluster on this machine. Picked at random below the kernel's
-    ephemeral range, where no outgoing connection and no other process's port-0 bind can be
-    given one before its task binds it (a port the kernel handed out was, now and then, taken
-    in between: a task failed with "Address already in use"); the kernel's own pick where
-    too few are free there."""
+def port_range(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
+    """The ports `free_ports` picks from, [first, end): PORTS_FROM up to the kernel's
+    ephemeral range, or JAXPS_PORTS ("FIRST-LAST", inclusive), which keeps the local jobs
+    run side by side on one machine (the process tests' parallel workers) out of each
+    other's ports. A value that is no such range is refused, naming it."""
+    value = environ.get("JAXPS_PORTS")
+    if value is not None:
+        first, _, last = value.partition("-")
+        try:
+            start, stop = int(first), int(last) + 1
+        except ValueError:
+            start = stop = 0
+        if not 1024 <= start < stop <= 65_536:
+            raise ValueError(
+                f"JAXPS_PORTS: got {value!r}; expected FIRST-LAST, two port numbers from 1024 "
+                "to 65535, the first below the last (e.g. 10000-14999)"
+            )
+        return start, stop
     try:
         low = int(EPHEMERAL.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32_768
-    candidates = random.sample(range(PORTS_FROM, low), min(max(low - PORTS_FROM, 0), 32 * count))
+    return PORTS_FROM, low
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free now on 127.0.0.1 (every socket stays bound until all are
+    picked): the addresses of a cluster on this machine. Picked at random in `port_range()`,
+    by default below the kernel's ephemeral range, where no outgoing connection and no other
+    process's port-0 bind can be given one before its task binds it (a port the kernel handed
+    out was, now and then, taken in between: a task failed with "Address already in use");
+    the kernel's own pick where too few are free there."""
+    first, low = port_range()
+    candidates = random.sample(range(first, low), min(max(low - first, 0), 32 * count))
     socks: list[socket.socket] = []
     try:
         for port in candidates:
