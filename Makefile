@@ -12,11 +12,18 @@ export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)/operator
 # JAX on this machine is CPU only; keep its start-up quiet and its threads bounded.
 export JAX_PLATFORMS ?= cpu
 
-.PHONY: help install run test test-unit test-process test-cluster test-e2e lint format verify protos \
+.PHONY: help install run test build-node build-images build-kueue test-unit test-process test-cluster test-e2e lint format verify protos \
 	bench bench-tf clean control-plane node images kueue kubeflow cluster-up cluster-down
 # Debian packages of the one-node cluster and the image builder (hack/node.py, hack/image.py)
 NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack mmdebstrap openssl gcc
 TIMED := JAXPS_TIMES=$(CURDIR)/.work/times hack/timed.sh
+# every tier of `make test` prints its 15 slowest tests: where the next minute is to be won
+TIER_OPTS := -q --durations=15
+# pytest-xdist workers of the tiers whose tests mostly wait on processes and pods: the
+# process tier's jobs run side by side (each worker its own ports), the e2e tier's on one node
+# the controller brings up (tests/e2e/conftest.py); 0 runs a tier in one process
+PROCESS_WORKERS ?= 3
+E2E_WORKERS ?= 2
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -37,26 +44,34 @@ run: install ## Run examples/mnist.yaml on this machine (jaxps local): 2 ps + 2 
 test: install ## make verify, the builds, then every tier (unit, process, cluster, e2e), each timed
 	@mkdir -p .work && rm -f .work/times
 	@$(TIMED) "verify" $(MAKE) --no-print-directory verify
-	@$(TIMED) "build: control plane and node" $(MAKE) --no-print-directory node
-	@$(TIMED) "build: images" $(MAKE) --no-print-directory images
-	@$(TIMED) "build: kueue" $(MAKE) --no-print-directory kueue
-	@$(TIMED) "tier: unit" $(PY) -m pytest -q tests/unit
-	@$(TIMED) "tier: process" $(PY) -m pytest -q tests/process
-	@$(TIMED) "tier: cluster" $(PY) -m pytest -q tests/cluster
-	@$(TIMED) "tier: e2e (node up, tests, down)" $(PY) -m pytest -q tests/e2e
+	@$(TIMED) "build: Debian packages" hack/apt-install.sh $(NODE_PACKAGES)
+	@$(TIMED) "builds, side by side" $(MAKE) --no-print-directory -j3 --output-sync=line \
+	  build-node build-images build-kueue
+	@$(TIMED) "tier: unit" $(PY) -m pytest $(TIER_OPTS) tests/unit
+	@$(TIMED) "tier: process" $(PY) -m pytest $(TIER_OPTS) -n $(PROCESS_WORKERS) \
+	  --dist loadgroup tests/process
+	@$(TIMED) "tier: cluster" $(PY) -m pytest $(TIER_OPTS) tests/cluster
+	@$(TIMED) "tier: e2e (node up, tests, down)" $(PY) -m pytest $(TIER_OPTS) -n $(E2E_WORKERS) \
+	  --dist loadgroup tests/e2e
 	@echo "--- make test: time per phase ---" && cat .work/times
+
+# each build of `make test` timed on its own while they run side by side (none depends on
+# another: the Go builds share the module and build caches, which Go locks; the images need
+# only Python and the Debian packages, installed before)
+build-node build-images build-kueue: build-%:
+	@$(TIMED) "build: $*" $(MAKE) --no-print-directory $*
 
 test-unit: install ## Run the unit tests only
 	$(PY) -m pytest -q tests/unit
 
 test-process: install ## Run the process tests only (real ps processes on 127.0.0.1)
-	$(PY) -m pytest -q tests/process
+	$(PY) -m pytest -q -n $(PROCESS_WORKERS) --dist loadgroup tests/process
 
 test-cluster: install control-plane ## Run the cluster tests only (a real control plane and the operator)
 	$(PY) -m pytest -q tests/cluster
 
 test-e2e: install node images kueue ## Run the e2e tests only (a real one-node cluster with Kueue: pods run the runtime)
-	$(PY) -m pytest -q tests/e2e
+	$(PY) -m pytest -q -n $(E2E_WORKERS) --dist loadgroup tests/e2e
 
 lint: install ## ruff lint and format check
 	$(VENV)/bin/ruff check .

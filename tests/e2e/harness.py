@@ -153,8 +153,15 @@ class Node:
         return path
 
 
-@pytest.fixture(scope="package")
-def node() -> Iterator[Node]:
+# The state directory of a node the session's controller brought up for its pytest-xdist
+# workers (conftest.py): every worker attaches to that one node, with the operator installed.
+SHARED = "JAXPS_E2E_NODE"
+
+
+@contextlib.contextmanager
+def node_up() -> Iterator[Node]:
+    """Builds both images and Kueue (cached), brings the node up with them imported, and
+    always takes it down at the end."""
     if os.geteuid() != 0:
         pytest.fail("the e2e tier runs a kubelet, containerd and a bridge: it needs root")
     runtime, operator = build_image("runtime"), build_image("operator")
@@ -188,21 +195,42 @@ def node() -> Iterator[Node]:
                 f"node up in {time.monotonic() - started:.1f} s (node {parts['node']:.1f} s, "
                 f"Kueue {parts['kueue']:.1f} s)"
             )
-            kubeconfig = state / "kubeconfig"
-            configuration = client.Configuration()
-            config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=str(kubeconfig), client_configuration=configuration
-            )
-            yield Node(
-                state=state,
-                cluster=Cluster(kubeconfig=kubeconfig, api_client=client.ApiClient(configuration)),
-                runtime=runtime,
-                operator=operator,
-            )
+            images = {i.name: {"ref": i.ref, "tar": str(i.tar)} for i in (runtime, operator)}
+            (state / "images.json").write_text(json.dumps(images))
+            yield attach(state)
         finally:
             started = time.monotonic()
             subprocess.run([*hack, "down", "--dir", str(state)], check=False, timeout=300)
             phase(f"node down in {time.monotonic() - started:.1f} s")
+
+
+def attach(state: Path) -> Node:
+    """The node that runs with its state in `state` (brought up by `node_up`)."""
+    images = {
+        name: Image(name=name, ref=image["ref"], tar=Path(image["tar"]))
+        for name, image in json.loads((state / "images.json").read_text()).items()
+    }
+    kubeconfig = state / "kubeconfig"
+    configuration = client.Configuration()
+    config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=str(kubeconfig), client_configuration=configuration
+    )
+    return Node(
+        state=state,
+        cluster=Cluster(kubeconfig=kubeconfig, api_client=client.ApiClient(configuration)),
+        runtime=images["runtime"],
+        operator=images["operator"],
+    )
+
+
+@pytest.fixture(scope="package")
+def node() -> Iterator[Node]:
+    shared = os.environ.get(SHARED)
+    if shared:  # the controller's, shared by every worker (and taken down by the controller)
+        yield attach(Path(shared))
+        return
+    with node_up() as up:
+        yield up
 
 
 @dataclass
@@ -241,8 +269,8 @@ class Installed:
         )
 
 
-@pytest.fixture(scope="package")
-def installed(node: Node) -> Installed:
+def install(node: Node) -> None:
+    """The operator installed with the chart, running in-cluster as its Deployment."""
     started = time.monotonic()
     helm(
         "install",
@@ -263,9 +291,16 @@ def installed(node: Node) -> Installed:
         "--set",
         "operator.progressInterval=1",
     )
+    Installed(node).ready_pod()
+    phase(f"chart installed, operator ready in {time.monotonic() - started:.1f} s")
+
+
+@pytest.fixture(scope="package")
+def installed(node: Node) -> Installed:
+    if not os.environ.get(SHARED):  # else the controller installed it
+        install(node)
     out = Installed(node)
     out.ready_pod()
-    phase(f"chart installed, operator ready in {time.monotonic() - started:.1f} s")
     return out
 
 

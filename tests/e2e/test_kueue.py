@@ -332,6 +332,7 @@ def test_a_high_priority_job_preempts_a_low_one_which_resumes_from_its_checkpoin
         assert jobs.condition("low", "Admitted")
 
 
+@pytest.mark.exclusive  # Kueue's manager, which admits every queued job, is killed
 def test_kueue_killed_a_workload_deleted_and_a_queued_job_deleted_leave_nothing_behind(
     jobs: E2eJobs, installed: Installed
 ) -> None:

@@ -374,6 +374,7 @@ def pods_ready(job: dict[str, Any] | None) -> bool:
     return any(c["type"] == "PodsReady" and c["status"] == "True" for c in conditions)
 
 
+@pytest.mark.xdist_group("undisturbed")  # one worker runs the run they compare with
 def test_a_killed_ps_is_replaced_and_every_ps_rolls_back_to_the_checkpoint(
     jobs: E2eJobs, undisturbed: float
 ) -> None:
@@ -388,6 +389,7 @@ def test_a_killed_ps_is_replaced_and_every_ps_rolls_back_to_the_checkpoint(
     assert accuracy(out["job"]) >= undisturbed - ACCURACY_SLACK
 
 
+@pytest.mark.xdist_group("undisturbed")  # one worker runs the run they compare with
 def test_a_killed_ps_process_is_taken_over_in_its_pod_by_the_keepers_standby(
     jobs: E2eJobs, undisturbed: float
 ) -> None:
@@ -418,6 +420,7 @@ def test_a_killed_ps_process_is_taken_over_in_its_pod_by_the_keepers_standby(
     )
 
 
+@pytest.mark.xdist_group("undisturbed")  # one worker runs the run they compare with
 def test_a_killed_worker_is_replaced_and_training_goes_on(
     jobs: E2eJobs, undisturbed: float
 ) -> None:
@@ -427,6 +430,7 @@ def test_a_killed_worker_is_replaced_and_training_goes_on(
     assert accuracy(out["job"]) >= undisturbed - ACCURACY_SLACK
 
 
+@pytest.mark.xdist_group("undisturbed")  # one worker runs the run they compare with
 def test_a_killed_chief_is_replaced_and_adopts_the_live_ps(
     jobs: E2eJobs, undisturbed: float
 ) -> None:
@@ -474,6 +478,7 @@ def test_suspend_deletes_the_pods_and_resume_restarts_from_the_checkpoint(jobs: 
     assert job["status"]["progress"]["step"] == STEPS
 
 
+@pytest.mark.exclusive  # the operator of every job is deleted
 def test_a_deleted_operator_pod_is_replaced_and_carries_on_without_duplicates(
     jobs: E2eJobs, installed: Installed
 ) -> None:

@@ -26,7 +26,8 @@ from jaxps_runtime.wire import codec, credentials, inflight, rpc
 from jaxps_runtime.wire.terms import Mode
 from tests.process import harness
 
-pytestmark = pytest.mark.process
+# one pytest-xdist worker runs the whole module: its module-scoped processes start once
+pytestmark = [pytest.mark.process, pytest.mark.xdist_group("test_attacks_held")]
 JOB_ID = "held-job"
 DENSE = "['k']/0"
 TREE = {"k": np.zeros((8, 4), np.float32)}

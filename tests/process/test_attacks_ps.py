@@ -25,7 +25,8 @@ from jaxps_runtime.wire.terms import Mode
 from tests.process import harness
 from tests.process.waiting import wait_for
 
-pytestmark = pytest.mark.process
+# one pytest-xdist worker runs the whole module: its module-scoped processes start once
+pytestmark = [pytest.mark.process, pytest.mark.xdist_group("test_attacks_ps")]
 JOB_ID = "test-job"
 SGD_1 = config.OptimizerConfig("sgd", {"learning_rate": 1.0})
 LAST_STEP = 100

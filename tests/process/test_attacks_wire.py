@@ -29,7 +29,8 @@ from jaxps_runtime.wire.bulk import sealed
 from tests.process import harness
 from tests.process.waiting import wait_for
 
-pytestmark = pytest.mark.process
+# one pytest-xdist worker runs the whole module: its module-scoped processes start once
+pytestmark = [pytest.mark.process, pytest.mark.xdist_group("test_attacks_wire")]
 JOB = "attacked-job"
 TRAINING = {
     "model": {"name": "mlp"},

@@ -25,7 +25,8 @@ from jaxps_runtime.config import training as config
 from jaxps_runtime.wire import bulk, streams
 from tests.process import harness
 
-pytestmark = pytest.mark.process
+# one pytest-xdist worker runs the whole module: its module-scoped processes start once
+pytestmark = [pytest.mark.process, pytest.mark.xdist_group("test_bulk")]
 JOB_ID = "test-job"
 SGD_1 = config.OptimizerConfig("sgd", {"learning_rate": 1.0})
 PREFIX = struct.Struct("<BIQ")

@@ -26,7 +26,8 @@ from tests.process import harness
 
 JOB_ID = "test-job"
 
-pytestmark = pytest.mark.process
+# one pytest-xdist worker runs the whole module: its module-scoped processes start once
+pytestmark = [pytest.mark.process, pytest.mark.xdist_group("test_ps")]
 SGD_1 = config.OptimizerConfig("sgd", {"learning_rate": 1.0})
 _epochs = itertools.count(1)
 

@@ -20,7 +20,8 @@ from jaxps_runtime.train import checkpoint
 from jaxps_runtime.wire import rpc
 from tests.process import harness, waiting
 
-pytestmark = pytest.mark.process
+# one pytest-xdist worker runs the whole module: its module-scoped processes start once
+pytestmark = [pytest.mark.process, pytest.mark.xdist_group("test_recovery")]
 Metric = Callable[[int, str], float | None]
 EVERY = 50
 TRAINING: dict[str, Any] = {
