@@ -89,9 +89,19 @@ class Job:
 
 @pytest.fixture(scope="module")
 def attacked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Job]:
+    log_dir = tmp_path_factory.mktemp("attacked")
+    # A fuzzed update that still parses is pushed with worker-0's own credentials: applied, as
+    # any gradient of a job's worker is, and one whose flipped bytes made it huge or NaN took
+    # the model to a NaN loss (Diverged: the job stopped training under the next test). That
+    # is what rolling back is for: the poisoned step is undone and its batch skipped.
+    training = TRAINING | {
+        "onDivergence": "rollback",
+        "maxRollbacks": 1000,
+        "checkpoint": {"dir": str(log_dir / "checkpoints"), "everySteps": 1000},
+    }
     job = harness.LocalJob.start(
-        training=TRAINING,
-        log_dir=tmp_path_factory.mktemp("attacked"),
+        training=training,
+        log_dir=log_dir,
         job_id=JOB,
         ps=1,
         workers=2,
