@@ -7,7 +7,8 @@ without a queue label never meet it.
 Pods really run the runtime; tests kill real processes on the node. One node per machine:
 the tier takes a lock (a second run waits) and always takes the node down, also after a
 failure; a run killed outright is cleaned up by the next `up`. Package-scoped: the node stops
-when the tier ends.
+when the tier ends. Under pytest-xdist the session's controller brings it up and takes it down
+(conftest.py), and every worker attaches to it (`SHARED`).
 """
 
 from __future__ import annotations
@@ -41,14 +42,10 @@ RELEASE, RELEASE_NAMESPACE = "jaxps", "jaxps-system"
 JOB_TIMEOUT = 420.0
 
 
-PHASES: list[str] = []
-
-
 def phase(message: str) -> None:
     """Where the tier's time goes: printed at the end of the run (conftest's terminal summary)
     and written to .work/e2e/phases.log as it happens."""
     line = f"[e2e {time.strftime('%H:%M:%S')}] {message}"
-    PHASES.append(line)
     out = ROOT / ".work" / "e2e"
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "phases.log", "a") as log:
