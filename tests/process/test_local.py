@@ -62,7 +62,12 @@ def jaxps_local(
 
 
 def alive_with_job_name(name: str) -> list[int]:
-    """Processes still running with JAXPS_JOB_NAME=name in their environment."""
+    """Processes still running with JAXPS_JOB_NAME=name in their environment, started under
+    this pytest-xdist worker (every process a test starts inherits its PYTEST_XDIST_WORKER):
+    a worker runs one test at a time, and the same example may run under another worker at
+    once (a job named mnist of another test was taken for this one's leftover)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    mine = f"PYTEST_XDIST_WORKER={worker}".encode() if worker else None
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -71,7 +76,7 @@ def alive_with_job_name(name: str) -> list[int]:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if f"JAXPS_JOB_NAME={name}".encode() in environ:
+        if f"JAXPS_JOB_NAME={name}".encode() in environ and (mine is None or mine in environ):
             found.append(int(entry.name))
     return found
 
