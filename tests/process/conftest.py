@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -72,55 +70,3 @@ def _read_metric(port: int, name: str) -> float | None:
 def metric() -> Callable[[int, str], float | None]:
     """Reads one jaxps metric from a task's /metrics (None while it does not answer)."""
     return _read_metric
-
-
-# --- the longest first: pytest-xdist's workers end together -----------------------------------
-
-DURATIONS = Path(__file__).resolve().parents[2] / ".work" / "durations" / "process.json"
-
-
-def _scope(item: pytest.Item) -> str:
-    """What one worker runs as a whole: the test's xdist_group (a module whose processes are
-    module-scoped), else the test itself."""
-    group = item.get_closest_marker("xdist_group")
-    return str(group.args[0]) if group is not None and group.args else item.nodeid
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each scope's tests together, the scopes in the order of their last run's time, longest
-    first (unknown ones, new tests, before all): longest-processing-time-first, so no worker is
-    left with one long test while the others are done. Every worker reads the same file, so
-    all collect the same order, as xdist requires; without the file, the order is as written."""
-    try:
-        seconds: dict[str, float] = json.loads(DURATIONS.read_text())
-    except (OSError, ValueError):
-        return
-    per_scope: dict[str, float] = {}
-    for item in items:
-        known = seconds.get(item.nodeid)
-        scope = _scope(item)
-        per_scope[scope] = per_scope.get(scope, 0.0) + (math.inf if known is None else known)
-    first = {scope: i for i, scope in reversed(list(enumerate(map(_scope, items))))}
-    items.sort(key=lambda item: (-per_scope[_scope(item)], first[_scope(item)]))
-
-
-_SEEN: dict[str, float] = {}  # each test's time in this run (setup, call and teardown)
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """A test's time, as the process that reports it (xdist's controller, or a lone one)
-    hears of it."""
-    _SEEN[report.nodeid] = _SEEN.get(report.nodeid, 0.0) + report.duration
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """The times of a run that passed are kept for the next (merged into those of the tests
-    it did not run)."""
-    if hasattr(session.config, "workerinput") or not _SEEN or exitstatus != 0:
-        return
-    try:
-        kept: dict[str, float] = json.loads(DURATIONS.read_text())
-    except (OSError, ValueError):
-        kept = {}
-    DURATIONS.parent.mkdir(parents=True, exist_ok=True)
-    DURATIONS.write_text(json.dumps(kept | _SEEN, indent=0, sort_keys=True))
