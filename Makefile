@@ -19,10 +19,13 @@ NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack 
 TIMED := JAXPS_TIMES=$(CURDIR)/.work/times hack/timed.sh
 # every tier of `make test` prints its 15 slowest tests: where the next minute is to be won
 TIER_OPTS := -q --durations=15
-# pytest-xdist workers of the tiers whose tests mostly wait on processes and pods: the
-# process tier's jobs run side by side (each worker its own ports), the e2e tier's on one node
-# the controller brings up (tests/e2e/conftest.py); 0 runs a tier in one process
+# pytest-xdist workers of each tier: the unit tests on both cores; the process tier's jobs
+# side by side (each worker its own ports); the cluster tier's on a control plane and an
+# operator per worker (they mostly wait on the API server); the e2e tier's on one node the
+# controller brings up (tests/e2e/conftest.py); 0 runs a tier in one process
+UNIT_WORKERS ?= 2
 PROCESS_WORKERS ?= 3
+CLUSTER_WORKERS ?= 3
 E2E_WORKERS ?= 2
 
 help: ## List the targets
@@ -47,10 +50,10 @@ test: install ## make verify, the builds, then every tier (unit, process, cluste
 	@$(TIMED) "build: Debian packages" hack/apt-install.sh $(NODE_PACKAGES)
 	@$(TIMED) "builds, side by side" $(MAKE) --no-print-directory -j3 --output-sync=line \
 	  build-node build-images build-kueue
-	@$(TIMED) "tier: unit" $(PY) -m pytest $(TIER_OPTS) tests/unit
+	@$(TIMED) "tier: unit" $(PY) -m pytest $(TIER_OPTS) -n $(UNIT_WORKERS) tests/unit
 	@$(TIMED) "tier: process" $(PY) -m pytest $(TIER_OPTS) -n $(PROCESS_WORKERS) \
 	  --dist loadgroup tests/process
-	@$(TIMED) "tier: cluster" $(PY) -m pytest $(TIER_OPTS) tests/cluster
+	@$(TIMED) "tier: cluster" $(PY) -m pytest $(TIER_OPTS) -n $(CLUSTER_WORKERS) tests/cluster
 	@$(TIMED) "tier: e2e (node up, tests, down)" $(PY) -m pytest $(TIER_OPTS) -n $(E2E_WORKERS) \
 	  --dist loadgroup tests/e2e
 	@echo "--- make test: time per phase ---" && cat .work/times
@@ -62,13 +65,13 @@ build-node build-images build-kueue: build-%:
 	@$(TIMED) "build: $*" $(MAKE) --no-print-directory $*
 
 test-unit: install ## Run the unit tests only
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q -n $(UNIT_WORKERS) tests/unit
 
 test-process: install ## Run the process tests only (real ps processes on 127.0.0.1)
 	$(PY) -m pytest -q -n $(PROCESS_WORKERS) --dist loadgroup tests/process
 
 test-cluster: install control-plane ## Run the cluster tests only (a real control plane and the operator)
-	$(PY) -m pytest -q tests/cluster
+	$(PY) -m pytest -q -n $(CLUSTER_WORKERS) tests/cluster
 
 test-e2e: install node images kueue ## Run the e2e tests only (a real one-node cluster with Kueue: pods run the runtime)
 	$(PY) -m pytest -q -n $(E2E_WORKERS) --dist loadgroup tests/e2e

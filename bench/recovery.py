@@ -26,10 +26,8 @@ pod's keeper holds a standby that takes over (`jaxps_runtime.process.keeper`), `
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -80,32 +78,8 @@ def wait_step(job: harness.LocalJob, at_least: int, timeout: float = 300) -> flo
 
 
 def on_the_node(*, kills: int) -> int:
-    """Runs tests/e2e/recovery_bench.py under pytest (the e2e tier's node and fixtures) and
-    prints its JSON lines; its exit code."""
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-s",
-            "-p",
-            "no:cacheprovider",
-            str(root / "tests" / "e2e" / "recovery_bench.py"),
-        ],
-        cwd=root,
-        env={**os.environ, "JAXPS_BENCH_KILLS": str(kills)},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith('{"bench"')]
-    for line in lines:
-        print(line, flush=True)
-    if done.returncode != 0 or not lines:
-        print(done.stdout[-6000:], done.stderr[-3000:], file=sys.stderr)
-    return done.returncode
+    """tests/e2e/recovery_bench.py on the e2e tier's node (`results.on_the_node`)."""
+    return results.on_the_node("recovery_bench.py", {"JAXPS_BENCH_KILLS": str(kills)})
 
 
 def main() -> None:

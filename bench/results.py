@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def emit(
@@ -37,3 +44,32 @@ def emit(
         ),
         flush=True,
     )
+
+
+def on_the_node(bench_file: str, env: Mapping[str, str]) -> int:
+    """Runs tests/e2e/`bench_file` under pytest (the e2e tier's node and fixtures: root) with
+    `env` added, prints its JSON lines, and returns its exit code (its output on stderr when it
+    failed or measured nothing)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-s",
+            "-p",
+            "no:cacheprovider",
+            str(ROOT / "tests" / "e2e" / bench_file),
+        ],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith('{"bench"')]
+    for line in lines:
+        print(line, flush=True)
+    if done.returncode != 0 or not lines:
+        print(done.stdout[-6000:], done.stderr[-3000:], file=sys.stderr)
+    return done.returncode or (0 if lines else 1)

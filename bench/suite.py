@@ -12,8 +12,8 @@ the README between `<!-- bench:begin -->` and `<!-- bench:end -->`, under a line
 commit and the day. `--table` makes the table from a kept run without running anything.
 
 A command that fails is named on stderr and makes the exit status 1; the others still run, and
-the table says which produced nothing. `recovery.py --kubernetes` starts the one-node cluster
-and so needs root (`make bench` builds what it needs first).
+the table says which produced nothing. `recovery.py --kubernetes` and `admission.py` start the
+one-node cluster and so need root (`make bench` builds what it needs first).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ COMMANDS = (
     "training.py",
     "recovery.py",
     "recovery.py --kubernetes",
+    "admission.py",
     "operator.py --baseline kubeflow",
     "status_write.py",
     f"vs_tensorflow.py --tf-python {TF_PYTHON} --rounds 3",

@@ -126,12 +126,13 @@ def main(argv: Sequence[str] | None = None, *, loaded: bool = False) -> int:
         return EXIT_USAGE
     task = config.task
     if task.type == cluster.PS and not loaded and keeper.KEEPER_ENV in os.environ:
-        problem = cluster.setting_problem(
-            keeper.KEEPER_ENV, os.environ[keeper.KEEPER_ENV], task_type=cluster.PS
-        )
-        if problem:
-            print(f"jaxps_runtime: {problem}", file=sys.stderr)
-            return EXIT_USAGE
+        for name in (keeper.KEEPER_ENV, cluster.PS_STANDBY_DELAY_ENV):
+            problem = cluster.setting_problem(
+                name, os.environ.get(name, "10"), task_type=cluster.PS
+            )
+            if problem:
+                print(f"jaxps_runtime: {problem}", file=sys.stderr)
+                return EXIT_USAGE
         if keeper.wanted(os.environ):  # the ps as its child, a standby beside it
             return keeper.run(argv, os.environ)
     logging.basicConfig(

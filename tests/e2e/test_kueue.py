@@ -423,68 +423,6 @@ def workload_gone(jobs: E2eJobs, name: str) -> bool:
     return False
 
 
-def all_running(jobs: E2eJobs, name: str, count: int) -> bool:
-    pods = jobs.pods(name)
-    return len(pods) == count and all(p["status"].get("phase") == "Running" for p in pods.values())
-
-
-def bound(jobs: E2eJobs, claim: str) -> bool:
-    out = jobs.kubectl("get", "pvc", claim, "-o", "jsonpath={.status.phase}", check=False)
-    return out.strip() == "Bound"
-
-
-def test_admission_to_running_with_and_without_kueue(jobs: E2eJobs) -> None:
-    """Seconds from a job's creation (without Kueue) or its admission (with) to every pod
-    Running, on the same node, in the order plain, queued, queued, plain (each claim bound
-    beforehand): printed and kept, not asserted (speed is a benchmark's)."""
-    with queues(jobs, cpu="4") as q:
-        runs = [
-            ("without Kueue", queued_job("plain-1", queue="", steps=100)),
-            ("with Kueue", queued_job("queued-1", queue=q.local, steps=100)),
-            ("with Kueue", queued_job("queued-2", queue=q.local, steps=100)),
-            ("without Kueue", queued_job("plain-2", queue="", steps=100)),
-        ]
-        for _, body in runs:
-            claim = f"{body['metadata']['name']}-checkpoints"
-            jobs.checkpoint_claim(claim)
-            wait_for(partial(bound, jobs, claim), timeout=60, what=f"claim {claim} bound")
-        lines = []
-        seconds: dict[str, list[float]] = {}
-        for label, body in runs:
-            name = body["metadata"]["name"]
-            if not body["metadata"]["labels"][kueue.QUEUE_LABEL]:
-                del body["metadata"]["labels"][kueue.QUEUE_LABEL]
-            created = time.monotonic()
-            jobs.apply(body)
-            since = created
-            if label == "with Kueue":
-                wait_for(
-                    partial(admitted, jobs, name),
-                    timeout=120,
-                    what=f"{name} admitted",
-                    interval=0.05,
-                )
-                since = time.monotonic()
-            wait_for(
-                partial(all_running, jobs, name, 2),
-                timeout=180,
-                what=f"every pod of {name} running",
-                interval=0.05,
-            )
-            running = time.monotonic()
-            seconds.setdefault(label, []).append(running - since)
-            lines.append(
-                f"{name} ({label}): created -> running {running - created:.2f} s, "
-                f"admitted -> running {running - since:.2f} s"
-            )
-            jobs.wait_done(name)
-        for label, values in seconds.items():
-            lines.append(f"{label}: admission to every pod running, mean {sum(values) / 2:.2f} s")
-        for line in lines:
-            phase(line)
-        keep("\n".join(lines), "kueue-admission-to-running.txt")
-
-
 def test_suspend_deactivates_the_workload_and_resume_requeues_it_from_the_checkpoint(
     jobs: E2eJobs,
 ) -> None:

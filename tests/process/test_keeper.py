@@ -17,12 +17,13 @@ from tests.procfs import children, keepers_ps
 
 pytestmark = pytest.mark.process
 Metric = Callable[[int, str], float | None]
-KEEPER = {"JAXPS_PS_STANDBY": "on"}
+# a standby 2 s after the ps starts or a standby takes over (the keeper's default wait is 10 s)
+KEEPER = {"JAXPS_PS_STANDBY": "on", "JAXPS_PS_STANDBY_DELAY": "2"}
 TRAINING: dict[str, Any] = {
     "model": {"name": "mlp", "kwargs": {"hidden": [64]}},
     "dataset": {"name": "digits"},
     "mode": "async",
-    "steps": 20_000,  # longer than two of the keeper's waits before it starts a standby (10 s)
+    "steps": 4_000,  # a checkpoint, then two kills, each after a standby loaded (seen by 700)
     "batchSize": 32,
     "seed": 0,
     "optimizer": {"name": "adam", "kwargs": {"learning_rate": 0.01}},
@@ -88,15 +89,28 @@ def test_a_sigterm_stops_the_keepers_ps_and_its_standby(
     assert all(not Path(f"/proc/{pid}").exists() for pid in started)
 
 
-def test_a_wrong_setting_is_refused_naming_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"JAXPS_PS_STANDBY": "maybe"}, 'JAXPS_PS_STANDBY: got "maybe"; expected on'),
+        (
+            {"JAXPS_PS_STANDBY": "on", "JAXPS_PS_STANDBY_DELAY": "soon"},
+            'JAXPS_PS_STANDBY_DELAY: got "soon"; expected seconds',
+        ),
+    ],
+    ids=["standby", "standby-delay"],
+)
+def test_a_wrong_setting_is_refused_naming_it(
+    tmp_path: Path, env: dict[str, str], said: str
+) -> None:
     job = harness.LocalJob.start(
         training=TRAINING,
         log_dir=tmp_path,
-        task_env={"ps-0": {"JAXPS_PS_STANDBY": "maybe"}},
+        task_env={"ps-0": env},
         order=["ps-0"],
     )
     try:
         assert job.processes["ps-0"].wait(timeout=60) == 2
     finally:
         job.stop()
-    assert 'JAXPS_PS_STANDBY: got "maybe"; expected on' in (tmp_path / "ps-0.log").read_text()
+    assert said in (tmp_path / "ps-0.log").read_text()

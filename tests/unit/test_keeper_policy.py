@@ -62,6 +62,21 @@ def test_a_wrong_standby_setting_is_refused_on_a_ps_naming_what_is_allowed() -> 
     assert cluster.setting_problem("JAXPS_PS_STANDBY", "yes", task_type="worker") is None
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan", "inf", "3601", ""])
+def test_a_wrong_standby_delay_is_refused_on_a_ps_naming_what_is_allowed(value: str) -> None:
+    problem = cluster.setting_problem("JAXPS_PS_STANDBY_DELAY", value, task_type=cluster.PS)
+    assert problem is not None
+    assert problem.startswith(f'JAXPS_PS_STANDBY_DELAY: got "{value}"; expected seconds')
+    assert "> 0 and <= 3600 (default 10)" in problem
+    assert cluster.setting_problem("JAXPS_PS_STANDBY_DELAY", value, task_type="worker") is None
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("10", 10.0), ("0.5", 0.5), ("3600", 3600.0)])
+def test_a_standby_delay_in_range_is_taken(value: str, seconds: float) -> None:
+    assert cluster.setting_problem("JAXPS_PS_STANDBY_DELAY", value, task_type=cluster.PS) is None
+    assert cluster.standby_delay(value) == seconds
+
+
 def _env(result: Any, pod: str) -> dict[str, str]:
     created = {c["metadata"]["name"]: c for c in result.create if c["kind"] == "Pod"}
     return {e["name"]: e.get("value") for e in created[pod]["spec"]["containers"][0]["env"]}

@@ -383,6 +383,9 @@ def bulk_on(environ: Mapping[str, str]) -> bool:
 
 
 XLA_THREADS_ENV, PS_XLA_THREADS_ENV = "JAXPS_XLA_THREADS", "JAXPS_PS_XLA_THREADS"
+PS_STANDBY_DELAY_ENV = "JAXPS_PS_STANDBY_DELAY"
+"""Seconds from a ps's start (or a standby's takeover) to its keeper's next standby."""
+PS_STANDBY_DELAY_MAX = 3600.0
 
 
 def xla_threads(environ: Mapping[str, str], *, task_type: str) -> int | None:
@@ -410,7 +413,8 @@ def xla_threads(environ: Mapping[str, str], *, task_type: str) -> int | None:
 def setting_problem(name: str, value: str, *, task_type: str) -> str | None:
     """What a task of `task_type` refuses in one of the runtime's own variables that a pod
     template may set (JAXPS_LOG_LEVEL, JAXPS_BULK, JAXPS_METRICS_ADDRESS; JAXPS_PS_XLA_THREADS
-    and JAXPS_PS_STANDBY, read by a ps only; JAXPS_XLA_THREADS, by every other role), as
+    JAXPS_PS_STANDBY and JAXPS_PS_STANDBY_DELAY, read by a ps only; JAXPS_XLA_THREADS, by every
+    other role), as
     "NAME: got ...; expected ...", or None. The runtime exits 2 with it; the control plane
     fails the job with it before any pod starts."""
     if name == "JAXPS_LOG_LEVEL" and value.upper() not in LOG_LEVELS:
@@ -442,7 +446,22 @@ def setting_problem(name: str, value: str, *, task_type: str) -> str | None:
             f"{name}: got {_show(value)}; expected on (a standby ps in the pod takes over at "
             "once when the ps is killed; the default on Kubernetes) or off, any case"
         )
+    if name == PS_STANDBY_DELAY_ENV and task_type == PS and standby_delay(value) is None:
+        return (
+            f"{name}: got {_show(value)}; expected seconds from the ps's start, or a standby's "
+            f"takeover, to its next standby's start: a number > 0 and <= {PS_STANDBY_DELAY_MAX:g} "
+            "(default 10)"
+        )
     return None
+
+
+def standby_delay(value: str) -> float | None:
+    """JAXPS_PS_STANDBY_DELAY's seconds, None unless 0 < seconds <= PS_STANDBY_DELAY_MAX."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if 0 < seconds <= PS_STANDBY_DELAY_MAX else None
 
 
 def _ip_address(value: str) -> bool:
