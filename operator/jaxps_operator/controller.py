@@ -26,8 +26,6 @@ coordination.k8s.io Lease runs passes (the client's leader election: `Leader`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
 import gc
 import logging
 import os
@@ -48,6 +46,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from jaxps_operator import builders, kube, kubeclient, kueue, kueue_api, reconcile
 from jaxps_operator.conditions import STATES
 from jaxps_operator.workqueue import Key, WorkQueue
+from jaxps_runtime.process import malloc
 
 PREFIX = "jaxps.dev"
 CHILD_CALLS = 8  # creates or deletes of one pass in flight at once
@@ -490,19 +489,17 @@ def register(
         await asyncio.to_thread(controller.stop)
 
 
-def fewer_arenas(arenas: int = 2) -> None:
+def fewer_arenas(environ: Mapping[str, str], arenas: int = 2) -> bool:
     """glibc gives each thread that allocates its own malloc arena, whose freed pages stay
     resident; the operator's threads (workers, child calls, reads, kopf's loop) made tens of
-    megabytes of them. M_ARENA_MAX (what MALLOC_ARENA_MAX sets) bounds them; a libc that is
-    not glibc is left as it is."""
-    m_arena_max = -8  # malloc.h
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").mallopt(m_arena_max, arenas)
+    megabytes of them. M_ARENA_MAX (what MALLOC_ARENA_MAX sets) bounds them, unless the user
+    tuned malloc in `environ` or the libc is not glibc (`malloc.tune`: False then)."""
+    return malloc.tune({malloc.M_ARENA_MAX: arenas}, environ)
 
 
 def run(options: Options) -> int:
     """Runs the operator until SIGTERM or SIGINT (0), or until it loses its Lease (1)."""
-    fewer_arenas()
+    fewer_arenas(os.environ)
     logging.basicConfig(
         level=logging.INFO, format="[%(asctime)s] %(name)-20s [%(levelname)-8s] %(message)s"
     )

@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from jaxps_runtime.config import cluster
-from jaxps_runtime.process import xla
+from jaxps_runtime.process import malloc, xla
 from jaxps_runtime.ps import server
 from jaxps_runtime.ps import start as main
 from tests.unit import imports
@@ -161,7 +161,7 @@ def test_a_ps_tunes_malloc_to_keep_what_it_frees_unless_the_user_tuned_it() -> N
     # glibc (this machine, the image): the settings are taken; a fresh interpreter, so that
     # this one's malloc is left as it was
     assert imports.run("from jaxps_runtime.ps import start as m\nprint(m._ps_malloc({}))") == "True"
-    for name in main.MALLOC_ENV:
+    for name in malloc.MALLOC_ENV:
         assert main._ps_malloc({name: "x"}) is False
 
 

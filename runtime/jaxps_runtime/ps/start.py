@@ -10,7 +10,6 @@ before it imports jax, optax, yaml or prometheus_client (tests/unit/test_ps_star
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os
@@ -21,8 +20,8 @@ from pathlib import Path
 from typing import IO
 
 from jaxps_runtime.config import cluster
+from jaxps_runtime.process import malloc, xla
 from jaxps_runtime.process import standby as standby_process
-from jaxps_runtime.process import xla
 
 
 def prepare(environ: MutableMapping[str, str], *, training_file: Path | None) -> None:
@@ -69,8 +68,6 @@ def standby(*, training_file: Path | None, stdin: IO[str]) -> bool:
     return True
 
 
-MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (glibc's malloc.h)
 PS_MMAP_THRESHOLD = 1 << 30
 PS_TRIM_THRESHOLD = 2**31 - 1
 
@@ -88,16 +85,9 @@ def _ps_malloc(environ: Mapping[str, str]) -> bool:
     a ps's resident memory stays at its peak rather than shrinking between updates (as
     TensorFlow's allocator never shrinks either).
     """
-    if any(name in environ for name in MALLOC_ENV):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(
-        mallopt(M_MMAP_THRESHOLD, PS_MMAP_THRESHOLD)
-        and mallopt(M_TRIM_THRESHOLD, PS_TRIM_THRESHOLD)
+    return malloc.tune(
+        {malloc.M_MMAP_THRESHOLD: PS_MMAP_THRESHOLD, malloc.M_TRIM_THRESHOLD: PS_TRIM_THRESHOLD},
+        environ,
     )
 
 
