@@ -21,13 +21,15 @@ from __future__ import annotations
 import base64
 import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from jaxps_runtime.config import cluster
 
 ROLES = ("chief", "ps", "worker", "evaluator")
+MAIN_CONTAINER = "jaxps"
+"""The name of the container jaxps runs in; a template's only container may have another."""
 PORT = 2222
 METRICS_PORT = 9090
 # The operator's --runtime-image overrides it. Never `:latest`: that tag makes the kubelet pull
@@ -243,6 +245,24 @@ def template_metrics_port(container: Mapping[str, Any]) -> int:
     return METRICS_PORT
 
 
+def main_index(containers: Sequence[Any]) -> int | None:
+    """Which of a pod's (or template's) containers jaxps runs in: the one named `jaxps` wherever
+    it is listed, else the only one; None when there are several and none is named `jaxps`
+    (`schema.container_problems` refuses that template). The others, the user's sidecars, keep
+    their own image, command and environment."""
+    for i, container in enumerate(containers):
+        if isinstance(container, Mapping) and container.get("name") == MAIN_CONTAINER:
+            return i
+    return 0 if len(containers) <= 1 else None
+
+
+def main_container(pod_spec: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The container jaxps runs in (`main_index`) of a pod's spec; {} when there is none."""
+    containers = pod_spec.get("containers") or []
+    i = main_index(containers)
+    return containers[i] if i is not None and containers else {}
+
+
 def pod(
     job: Mapping[str, Any],
     role: str,
@@ -257,9 +277,9 @@ def pod(
     pod_spec = template.setdefault("spec", {})
     containers = pod_spec.setdefault("containers", [])
     if not containers:
-        containers.append({"name": "jaxps"})
-    main = containers[0]
-    main.setdefault("name", "jaxps")
+        containers.append({"name": MAIN_CONTAINER})
+    main = containers[main_index(containers) or 0]  # a template without one is refused first
+    main.setdefault("name", MAIN_CONTAINER)
     main.setdefault("image", image)
     main.setdefault("command", ["python", "-m", "jaxps_runtime"])
     name = pod_name(job, role, index)

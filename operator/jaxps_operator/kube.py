@@ -117,14 +117,17 @@ def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
         return None
     status = pod.get("status") or {}
     owned = any(ref.get("uid") == owner_uid for ref in meta.get("ownerReferences") or [])
-    containers = (pod.get("spec") or {}).get("containers") or [{}]
-    main = containers[0]
+    main = builders.main_container(pod.get("spec") or {})
     terminated: Mapping[str, Any] = {}
     for container in status.get("containerStatuses") or []:
-        state = (container.get("state") or {}).get("terminated")
-        if state and (container.get("name") == main.get("name") or not terminated):
-            terminated = state
+        if container.get("name") == main.get("name"):
+            terminated = (container.get("state") or {}).get("terminated") or {}
     phase = status.get("phase", "Pending")
+    lingering = phase == "Running" and "exitCode" in terminated
+    if lingering:
+        # the jaxps container ended while a sidecar of the user's still runs (restartPolicy
+        # Never: it is not started again): its end is the task's, as a finished pod's would be
+        phase = "Succeeded" if terminated["exitCode"] == 0 else "Failed"
     failed_init = ""
     if phase == "Failed" and not terminated:  # an init container failed: the main never ran
         for container in status.get("initContainerStatuses") or []:
@@ -157,6 +160,7 @@ def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
         waiting_message=words,
         created=parse_time(meta.get("creationTimestamp")),
         failed_init=failed_init,
+        lingering=lingering,
     )
 
 
@@ -164,8 +168,7 @@ def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     """What `pod_state` reads of a pod, and no more (a pod kept whole is ten times larger)."""
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
-    containers = (pod.get("spec") or {}).get("containers") or [{}]
-    main = containers[0]
+    main = builders.main_container(pod.get("spec") or {})
     return {
         "metadata": {
             k: meta[k]

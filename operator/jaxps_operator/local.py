@@ -435,7 +435,7 @@ class LocalCluster:
         name = manifest["metadata"]["name"]
         labels = manifest["metadata"]["labels"]
         role, index = labels[builders.LABEL_ROLE], int(labels[builders.LABEL_INDEX])
-        container = manifest["spec"]["containers"][0]
+        container = builders.main_container(manifest["spec"])
         termination_log = self.workdir / f"{name}.termination-log"
         termination_log.write_text("")  # as the kubelet creates it: the task writes if it exists
         env = processes.node_env(

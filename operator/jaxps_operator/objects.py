@@ -46,6 +46,9 @@ class PodState:
     waiting_message: str = ""
     created: datetime | None = None  # creationTimestamp: since when it waits
     failed_init: str = ""  # the init container that failed, ending the pod before its main
+    # the pod still runs after its jaxps container ended (a sidecar of the user's that does
+    # not exit): `phase` is the task's end, cleanup still takes it for a running pod
+    lingering: bool = False
 
     @property
     def oom_killed(self) -> bool:

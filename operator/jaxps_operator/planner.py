@@ -200,6 +200,15 @@ def _run(
             + "; ".join(map(str, problems)),
         )
         return
+    problems = schema.container_problems(job)
+    if problems:
+        status.finish(
+            succeeded=False,
+            reason="InvalidTemplate",
+            message="a template does not say which container jaxps runs in, no pod started: "
+            + "; ".join(map(str, problems)),
+        )
+        return
     problems = schema.setting_problems(job)
     if problems:
         status.finish(

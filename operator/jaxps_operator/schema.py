@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from jaxps_operator import builders
 from jaxps_runtime.config import yamltext
 
 GROUP, VERSION, KIND, PLURAL = "jaxps.dev", "v1alpha1", "TrainingJob", "trainingjobs"
@@ -372,15 +373,40 @@ def setting_problems(job: Mapping[str, Any]) -> list[Problem]:
     out = []
     for role, spec in sorted((job["spec"].get("replicaSpecs") or {}).items()):
         containers = field(field(field(spec, "template"), "spec"), "containers")
-        env = field(containers[0], "env") if isinstance(containers, list) and containers else None
+        if not isinstance(containers, list) or not containers:
+            continue
+        main = builders.main_index(containers)
+        env = field(containers[main], "env") if main is not None else None
         for i, var in enumerate(env if isinstance(env, list) else []):
             name, value = field(var, "name"), field(var, "value")
             if not isinstance(name, str) or not isinstance(value, str):
                 continue
             problem = cluster.setting_problem(name, value, task_type=role)
             if problem is not None:
-                path = f"spec.replicaSpecs.{role}.template.spec.containers[0].env[{i}].value"
+                path = f"spec.replicaSpecs.{role}.template.spec.containers[{main}].env[{i}].value"
                 out.append(Problem(path, problem))
+    return out
+
+
+def container_problems(job: Mapping[str, Any]) -> list[Problem]:
+    """A role's template with several containers, none of them named `jaxps`: which one jaxps
+    runs in is not said (`builders.main_index`), so no pod of it could be built."""
+    out = []
+    for role, spec in sorted((job["spec"].get("replicaSpecs") or {}).items()):
+        pod_spec = ((spec or {}).get("template") or {}).get("spec") or {}
+        containers = pod_spec.get("containers") if isinstance(pod_spec, Mapping) else None
+        if isinstance(containers, list) and builders.main_index(containers) is None:
+            names = ", ".join(
+                _show(c.get("name")) if isinstance(c, Mapping) else _show(c) for c in containers
+            )
+            out.append(
+                Problem(
+                    f"spec.replicaSpecs.{role}.template.spec.containers",
+                    f"Invalid value: {len(containers)} containers ({names}) and none named "
+                    f'"{builders.MAIN_CONTAINER}": name the container jaxps runs in '
+                    f'"{builders.MAIN_CONTAINER}" (the others keep their own image and command)',
+                )
+            )
     return out
 
 
@@ -396,7 +422,7 @@ def load(text: str) -> dict[str, Any]:
             [Problem("", f"expected one {KIND} document, found {len(docs)}")]
         )
     job = validate(docs[0])
-    problems = training_problems(job) + setting_problems(job)
+    problems = container_problems(job) + training_problems(job) + setting_problems(job)
     if problems:
         raise InvalidManifestError(problems)
     return job

@@ -1,6 +1,7 @@
 """Cleanup policy: what happens to the pods of a finished job (`runPolicy.cleanPodPolicy`).
 
-`Running` (the default) deletes every pod that still runs or waits, so no ps outlives its job;
+`Running` (the default) deletes every pod that still runs or waits, so no ps outlives its job
+(nor a pod kept running by a sidecar of the user's after its jaxps container ended);
 `All` deletes every pod; `None` leaves them. A finished job gets no new pod.
 
 A job that SUCCEEDED has told its tasks to stop (workers stop, the chief shuts every ps down):
@@ -31,11 +32,12 @@ def apply(job: Mapping[str, Any], *, pods: Iterable[PodState], status: Status, p
     for p in pods:
         if p.deleting or p.name in plan.delete:
             continue
-        if policy == "Running" and p.phase == "Running" and grace > 0:
+        running = p.phase == "Running" or p.lingering  # a sidecar may outlive jaxps's container
+        if policy == "Running" and running and grace > 0:
             plan.wake_in(grace)  # it may end on its own meanwhile; else it goes then
             continue
         if policy == "All" or (
-            policy == "Running" and p.phase in ("Pending", "Running", "Unknown")
+            policy == "Running" and (running or p.phase in ("Pending", "Unknown"))
         ):
             plan.delete.append(p.name)
     plan.create = []

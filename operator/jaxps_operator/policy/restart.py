@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from jaxps_operator import builders
 from jaxps_operator.conditions import Status
 from jaxps_operator.objects import Plan, PodState
 from jaxps_runtime.config.training import FINAL_EXITS
@@ -49,7 +50,9 @@ def oom_advice(job: Mapping[str, Any], pod: PodState) -> str:
     """What an OOM-killed pod's message says: its limit and the field that raises it."""
     name = job["metadata"]["name"]
     limit = f"its memory limit {pod.memory_limit}" if pod.memory_limit else "no memory limit"
-    field = f"spec.replicaSpecs.{pod.role}.template.spec.containers[0].resources.limits.memory"
+    template = job["spec"]["replicaSpecs"][pod.role].get("template") or {}
+    main = builders.main_index((template.get("spec") or {}).get("containers") or []) or 0
+    field = f"spec.replicaSpecs.{pod.role}.template.spec.containers[{main}].resources.limits.memory"
     return (
         f"{pod.task} (pod {pod.name}) was OOMKilled (exit code {pod.exit_code}) with {limit}; "
         f"give {pod.role} more memory in {field} of TrainingJob {name}"

@@ -1,0 +1,151 @@
+"""The container jaxps runs in is found by its name (`jaxps`) wherever the template lists it;
+the user's other containers, init containers and native sidecars keep what they are, and the
+task's end is the jaxps container's, even while a sidecar still runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from jaxps_operator import builders, kube, schema
+from jaxps_operator.objects import PodState
+from jaxps_operator.policy import cleanup, restart
+from tests.unit.test_planner import NOW, job, pods, step
+from tests.unit.test_reconcile import Memory, Pass, manifest
+
+SIDECAR = {"name": "log-shipper", "image": "busybox:1.36", "command": ["sleep", "infinity"]}
+NATIVE = {**SIDECAR, "name": "proxy", "restartPolicy": "Always"}
+
+
+def _job(containers: list[dict[str, Any]], **init: Any) -> dict[str, Any]:
+    m = manifest()
+    m["spec"]["replicaSpecs"]["worker"]["template"] = {"spec": {"containers": containers, **init}}
+    return m
+
+
+def test_a_sidecar_listed_first_keeps_its_image_and_jaxps_gets_its_own() -> None:
+    j = schema.validate(
+        _job(
+            [SIDECAR, {"name": "jaxps", "env": [{"name": "A", "value": "1"}]}],
+            initContainers=[NATIVE],
+        )
+    )
+    pod = builders.pod(j, "worker", 1, network=builders.dns_network(j))
+    sidecar, main = pod["spec"]["containers"]
+    assert sidecar == SIDECAR  # untouched: no env, ports, probes or mounts of jaxps
+    assert main["name"] == "jaxps"
+    assert main["image"] == builders.DEFAULT_IMAGE
+    assert main["command"] == ["python", "-m", "jaxps_runtime"]
+    env = {e["name"] for e in main["env"]}
+    assert {"A", "TF_CONFIG", "JAXPS_TRAINING", "JAXPS_TLS_DIR"} <= env
+    assert {p["name"] for p in main["ports"]} == {"grpc", "metrics"}
+    assert pod["spec"]["initContainers"] == [NATIVE]
+
+
+def test_a_templates_only_container_runs_jaxps_whatever_its_name() -> None:
+    j = schema.validate(_job([{"name": "tensorflow"}]))
+    pod = builders.pod(j, "worker", 0, network=builders.dns_network(j))
+    [main] = pod["spec"]["containers"]
+    assert main["name"] == "tensorflow"
+    assert main["image"] == builders.DEFAULT_IMAGE
+
+
+def test_several_containers_and_none_named_jaxps_is_refused_naming_the_field() -> None:
+    with pytest.raises(schema.InvalidManifestError) as err:
+        schema.load(
+            "\n".join(
+                [
+                    "apiVersion: jaxps.dev/v1alpha1",
+                    "kind: TrainingJob",
+                    "metadata: {name: tj}",
+                    "spec:",
+                    "  replicaSpecs:",
+                    "    ps: {replicas: 1}",
+                    "    worker:",
+                    "      replicas: 1",
+                    "      template:",
+                    "        spec:",
+                    "          containers: [{name: main}, {name: log-shipper, image: busybox}]",
+                    "  training: {steps: 10}",
+                ]
+            )
+        )
+    said = str(err.value)
+    assert "spec.replicaSpecs.worker.template.spec.containers" in said
+    assert '2 containers ("main", "log-shipper") and none named "jaxps"' in said
+
+
+def test_the_operator_fails_such_a_job_invalid_template_and_starts_no_pod() -> None:
+    memory = Memory(_job([{"name": "main"}, SIDECAR]))
+    Pass(memory)()
+    assert memory.created == []
+    assert memory.job is not None
+    assert memory.job["status"]["state"] == "Failed"
+    failed = next(c for c in memory.job["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidTemplate"
+    assert "none named" in failed["message"]
+
+
+def test_a_bad_setting_is_named_in_the_jaxps_containers_env_wherever_it_is_listed() -> None:
+    m = _job([SIDECAR, {"name": "jaxps", "env": [{"name": "JAXPS_BULK", "value": "maybe"}]}])
+    [problem] = schema.setting_problems(schema.validate(m))
+    assert problem.path == "spec.replicaSpecs.worker.template.spec.containers[1].env[0].value"
+
+
+def _pod(phase: str, main_state: dict[str, Any], sidecar_state: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "tj-worker-1",
+            "labels": {"jaxps.dev/replica-type": "worker", "jaxps.dev/replica-index": "1"},
+            "ownerReferences": [{"uid": "u"}],
+        },
+        "spec": {"containers": [SIDECAR, {"name": "jaxps"}]},
+        "status": {
+            "phase": phase,
+            "containerStatuses": [
+                {"name": "log-shipper", "state": sidecar_state},
+                {"name": "jaxps", "state": main_state},
+            ],
+        },
+    }
+
+
+@pytest.mark.parametrize(("code", "phase"), [(0, "Succeeded"), (3, "Failed")])
+def test_the_jaxps_container_ended_while_a_sidecar_runs_ends_the_task(
+    code: int, phase: str
+) -> None:
+    ended = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}}
+    state = kube.pod_state(_pod("Running", ended, {"running": {}}), "u")
+    assert state is not None
+    assert (state.phase, state.exit_code) == (phase, code)
+    assert state.metrics is None  # no metrics read from a task that ended
+
+
+def test_a_sidecar_that_ended_is_not_taken_for_the_task() -> None:
+    ended = {"terminated": {"exitCode": 1, "reason": "Error"}}
+    state = kube.pod_state(_pod("Running", {"running": {}}, ended), "u")
+    assert state is not None
+    assert (state.phase, state.exit_code, state.container_reason) == ("Running", None, "")
+    slim = kube.slim_pod(_pod("Running", {"running": {}}, ended))
+    assert slim["spec"]["containers"] == [{"name": "jaxps"}]
+
+
+def test_an_oom_advice_names_the_jaxps_containers_field() -> None:
+    j = schema.validate(_job([SIDECAR, {"name": "jaxps"}]))
+    pod = PodState(name="tj-worker-1", role="worker", index=1, phase="Failed", exit_code=137)
+    assert "template.spec.containers[1].resources.limits.memory" in restart.oom_advice(j, pod)
+
+
+def test_a_pod_a_sidecar_keeps_running_after_the_job_succeeded_goes_after_the_grace() -> None:
+    j = job(ps=1, workers=1)
+    step(j, pods(j))
+    [ps, worker] = pods(j, worker0=("Succeeded", 0))
+    ended = [ps, dataclasses.replace(worker, lingering=True)]  # its sidecar still runs
+    result = step(j, ended)
+    assert result.status["state"] == "Succeeded"
+    assert result.delete == []  # the grace: they may end on their own, their logs kept
+    over = step(j, ended, NOW + timedelta(seconds=cleanup.RUNNING_GRACE_SECONDS))
+    assert sorted(over.delete) == ["tj-ps-0", "tj-worker-0"]
