@@ -29,8 +29,8 @@ from typing import Any
 from jaxps_operator import builders, capacity, issuer, progress
 from jaxps_operator.conditions import Event, parse_time
 from jaxps_operator.kubeclient import Api, ApiError, message_of
-from jaxps_operator.objects import PodState
-from jaxps_operator.reconcile import Children, ConflictError, RefusedError
+from jaxps_operator.objects import FOREIGN, PodState
+from jaxps_operator.reconcile import Children, ConflictError, NameTakenError, RefusedError
 
 __all__ = [
     "ApiError",
@@ -116,7 +116,10 @@ def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
     except (KeyError, ValueError):
         return None
     status = pod.get("status") or {}
-    owned = any(ref.get("uid") == owner_uid for ref in meta.get("ownerReferences") or [])
+    refs = meta.get("ownerReferences") or []
+    owned = any(ref.get("uid") == owner_uid for ref in refs)
+    # a TrainingJob's pod whose job went (same name, other uid) is the garbage collector's
+    foreign = not owned and not meta.get("deletionTimestamp") and not _a_jobs(refs)
     main = builders.main_container(pod.get("spec") or {})
     terminated: Mapping[str, Any] = {}
     for container in status.get("containerStatuses") or []:
@@ -161,7 +164,23 @@ def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
         created=parse_time(meta.get("creationTimestamp")),
         failed_init=failed_init,
         lingering=lingering,
+        foreign=foreign,
     )
+
+
+def _a_jobs(refs: list[Mapping[str, Any]]) -> bool:
+    return any(ref.get("kind") == KIND and ref.get("controller") for ref in refs)
+
+
+def foreign(found: Mapping[str, Any], job: Mapping[str, Any]) -> str | None:
+    """Why an object with a name the job needs is not the job's, or None when it is (an
+    ownerReference with the job's uid)."""
+    meta = found.get("metadata") or {}
+    refs = meta.get("ownerReferences") or []
+    if any(ref.get("uid") == job["metadata"].get("uid") for ref in refs):
+        return None
+    owners = ", ".join(f"{r.get('kind')} {r.get('name')}" for r in refs) or "nothing"
+    return f"{FOREIGN} (its owner: {owners})"
 
 
 def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -183,7 +202,12 @@ def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
             )
             if k in meta
         }
-        | {"ownerReferences": [{"uid": r.get("uid")} for r in meta.get("ownerReferences") or []]},
+        | {
+            "ownerReferences": [
+                {k: r[k] for k in ("uid", "kind", "controller") if k in r}
+                for r in meta.get("ownerReferences") or []
+            ]
+        },
         "spec": {
             "containers": [
                 {k: main[k] for k in ("name", "ports", "resources") if k in main},
@@ -246,8 +270,9 @@ class KubeCluster:
         meta = job["metadata"]
         namespace = meta["namespace"]
         keys = self._kept(job)
+        taken: list[str] = []
         if keys is None:  # read what is not known to exist: the Secret, NetworkPolicy, Service
-            keys, network_policy, service = self._read_children(job)
+            keys, network_policy, service = self._read_children(job, taken=taken)
             if keys is not None and network_policy and service:
                 self._keep(meta, keys)
         else:
@@ -262,6 +287,7 @@ class KubeCluster:
             secret=keys is not None,
             network_policy=network_policy,
             issued_workers=capacity.issued_workers(keys, job) if keys is not None else None,
+            taken=taken,
         )
 
     def pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
@@ -382,28 +408,33 @@ class KubeCluster:
                 del self._known[key]
 
     def _read_children(
-        self, job: Mapping[str, Any], *, at_once: bool = True
+        self, job: Mapping[str, Any], *, at_once: bool = True, taken: list[str] | None = None
     ) -> tuple[list[str] | None, bool, bool]:
         """The keys of the job's Secret (None without one), and whether its NetworkPolicy (or
         none is wanted) and its Service exist: three reads, two of them on `reads` beside the
-        third when `at_once` (not from a task of `reads` itself, which could wait on its own)."""
+        third when `at_once` (not from a task of `reads` itself, which could wait on its own).
+        One that is someone else's reads as missing, and what it is goes to `taken`."""
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
+        taken = [] if taken is None else taken
 
         def policy() -> bool:
             path = namespaced(namespace, "networkpolicies", name, group="networking.k8s.io/v1")
-            return not self.network_policies or self._exists(path)
+            return not self.network_policies or self._ours(job, path, taken) is not None
+
+        def service() -> bool:
+            return self._ours(job, namespaced(namespace, "services", name), taken) is not None
+
+        def secret() -> list[str] | None:
+            path = namespaced(namespace, "secrets", builders.secret_name(job))
+            found = self._ours(job, path, taken)
+            return sorted((found.get("data") or {}).keys()) if found is not None else None
 
         if not at_once:
-            return (
-                self._secret_keys(namespace, builders.secret_name(job)),
-                policy(),
-                self.service_exists(namespace, name),
-            )
-        secret = self.reads.submit(self._secret_keys, namespace, builders.secret_name(job))
+            return secret(), policy(), service()
+        keys = self.reads.submit(secret)
         network_policy = self.reads.submit(policy)
-        service = self.service_exists(namespace, name)
-        return secret.result(), network_policy.result(), service
+        return keys.result(), network_policy.result(), service()
 
     def _keep(self, meta: Mapping[str, Any], keys: list[str]) -> None:
         now = time.monotonic()
@@ -415,27 +446,24 @@ class KubeCluster:
                 keys,
             )
 
-    def _secret_keys(self, namespace: str, name: str) -> list[str] | None:
-        """The keys of the job's Secret of credentials (what was issued), or None without."""
+    def credentials(self, job: Mapping[str, Any], network: builders.Network) -> dict[str, bytes]:
+        return issuer.issue(job, network)
+
+    def _ours(self, job: Mapping[str, Any], path: str, taken: list[str]) -> dict[str, Any] | None:
+        """The job's child at `path`, or None when there is none, or one that is not the job's:
+        someone else's object with the name, said in `taken` (the job fails NameTaken)."""
         try:
-            found = self.api.call("GET", namespaced(namespace, "secrets", name))
+            found: dict[str, Any] = self.api.call("GET", path) or {}
         except ApiError as err:
             if err.status == 404:
                 return None
             raise
-        return sorted((found.get("data") or {}).keys())
-
-    def credentials(self, job: Mapping[str, Any], network: builders.Network) -> dict[str, bytes]:
-        return issuer.issue(job, network)
-
-    def _exists(self, path: str) -> bool:
-        try:
-            self.api.call("GET", path)
-        except ApiError as err:
-            if err.status == 404:
-                return False
-            raise
-        return True
+        why = foreign(found, job)
+        if why is None:
+            return found
+        kind = {"services": "Service", "secrets": "Secret"}.get(path.split("/")[-2])
+        taken.append(f"{kind or 'NetworkPolicy'} {path.rsplit('/', 1)[1]} {why}")
+        return None
 
     def network(self, job: Mapping[str, Any]) -> builders.Network:
         return builders.dns_network(job)
@@ -535,9 +563,6 @@ class KubeCluster:
         items: list[dict[str, Any]] = found.get("items") or []
         return items
 
-    def service_exists(self, namespace: str, name: str) -> bool:
-        return self._exists(namespaced(namespace, "services", name))
-
     def create(self, job: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
         """Creates a Pod, the Service, Secret or NetworkPolicy in the job's namespace; False
         when it already exists."""
@@ -551,7 +576,8 @@ class KubeCluster:
         try:
             made = self.api.call("POST", path, body=dict(manifest))
         except ApiError as err:
-            if err.status == 409:
+            if err.status == 409:  # ours from an earlier pass, or someone else's: never taken
+                self._owned(job, f"{path}/{manifest['metadata']['name']}", manifest["kind"])
                 return False
             if err.status in (400, 422):  # invalid: the manifest, which no retry changes
                 raise RefusedError(
@@ -561,6 +587,19 @@ class KubeCluster:
         if manifest["kind"] == "Pod" and isinstance(made, dict):
             self._created(namespace, made)  # the next pass sees it before its watch event
         return True
+
+    def _owned(self, job: Mapping[str, Any], path: str, kind: str) -> None:
+        """Raises `NameTakenError` unless the object at `path` is the job's (or gone)."""
+        try:
+            found = self.api.call("GET", path)
+        except ApiError as err:
+            if err.status == 404:
+                return
+            raise
+        why = foreign(found or {}, job)
+        if why is not None:
+            name = path.rsplit("/", 1)[1]
+            raise NameTakenError(f"{kind} {name} {why}")
 
     def delete_pod(self, job: Mapping[str, Any], name: str) -> bool:
         """Deletes a pod; False when it was already gone."""

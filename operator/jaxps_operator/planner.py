@@ -40,7 +40,7 @@ from typing import Any
 
 from jaxps_operator import builders, capacity, kueue, progress, schema
 from jaxps_operator.conditions import Event, Status, stamp
-from jaxps_operator.objects import Plan, PodState, json_copy
+from jaxps_operator.objects import FOREIGN, Plan, PodState, json_copy
 from jaxps_operator.policy import admission as admission_policy
 from jaxps_operator.policy import (
     cleanup,
@@ -98,15 +98,17 @@ def plan(
     metrics: Mapping[str, float] | None = None,
     admission: kueue.Admission | None = None,
     issued_workers: int | None = None,
-    refused: str = "",
+    refused: tuple[str, str] | None = None,
 ) -> Plan:
     """The Plan for `job` (validated, defaults applied) given its pods at `now` (aware UTC).
     `credentials`: the files of the job's Secret when it has none yet (it is created then);
     `network_policy`: the job's NetworkPolicy is to be created; `metrics`: the jaxps_*
     metrics the chief served this pass ({} when it runs not or did not answer); `admission`:
     what Kueue says of a job in a queue (None: the job is not Kueue's); `issued_workers`: the
-    workers its credentials hold certificates for (None: none issued yet); `refused`: the API
-    server's words when it refused a child of the job as invalid (the job fails).
+    workers its credentials hold certificates for (None: none issued yet); `refused`: (reason,
+    words) when a child of the job could not be made: the API server refused it as invalid
+    (InvalidTemplate), or its name is held by an object the job does not own (NameTaken); the
+    job fails.
 
     The job runs with its worker replicas cut to what it may have (`capacity.within`); the
     workers past them are leaving (`policy.scale`): deleted, and seen by no other policy."""
@@ -145,11 +147,18 @@ def plan(
         issued_workers=issued_workers,
     )
 
+    taken = [p for p in everyone if p.foreign]
+    if taken and not refused:  # a pod of the job's name and labels that is not the job's
+        pod = taken[0]
+        refused = ("NameTaken", f"Pod {pod.name} {FOREIGN}")
     if refused and not status.finished:  # no retry makes the API server take it
+        reason, words = refused
         status.finish(
             succeeded=False,
-            reason="InvalidTemplate",
-            message=f"the API server refused a child of this job as invalid: {refused}",
+            reason=reason,
+            message=words
+            if reason == "NameTaken"
+            else f"the API server refused a child of this job as invalid: {words}",
         )
     if not status.finished:
         _run(

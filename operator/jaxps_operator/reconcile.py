@@ -41,6 +41,7 @@ class Children:
     secret: bool = True
     network_policy: bool = True
     issued_workers: int | None = None
+    taken: list[str] = field(default_factory=list)  # its names held by someone else's objects
 
 
 class ConflictError(Exception):
@@ -113,7 +114,16 @@ class Outcome:
 
 class RefusedError(Exception):
     """The API server refused a child as invalid (a pod template it does not take, a Secret
-    past its size): the message is its words, naming the object."""
+    past its size): the message is its words, naming the object. `reason`: the job's."""
+
+    reason = "InvalidTemplate"
+
+
+class NameTakenError(RefusedError):
+    """A child's name is held by an object the job does not own (no ownerReference with its
+    uid): never adopted, changed or deleted; the job fails naming it."""
+
+    reason = "NameTaken"
 
 
 @dataclass
@@ -127,7 +137,7 @@ class Validator:
     rules: bool = True
     cache: dict[tuple[str, str], tuple[str, int, dict[str, Any]]] = field(default_factory=dict)
     reported: set[str] = field(default_factory=set)  # uids whose invalid spec was posted
-    refused: dict[str, str] = field(default_factory=dict)  # uid -> the API server's refusal
+    refused: dict[str, RefusedError] = field(default_factory=dict)  # uid -> a child refused
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def job(self, raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -237,7 +247,8 @@ def reconcile(
         else {},
         admission=queue.admission if queue is not None else None,
         issued_workers=issued,
-        refused=validator.refused.get(str(job["metadata"].get("uid", "")), ""),
+        refused=_refusal(validator.refused.get(str(job["metadata"].get("uid", ""))))
+        or (("NameTaken", children.taken[0]) if children.taken else None),
     )
     status = plan.status
     if status != job["status"]:
@@ -250,11 +261,11 @@ def reconcile(
         for m, ok in zip(plan.create, made, strict=True)
         if ok is True
     ]
-    refusals = [str(r) for r in made if isinstance(r, RefusedError)]
+    refusals = [r for r in made if isinstance(r, RefusedError)]
     if refusals:  # the next pass fails the job, naming it
         with validator.lock:
             validator.refused[str(job["metadata"].get("uid", ""))] = refusals[0]
-        plan.events.append(Event("Warning", "CreateRefused", refusals[0]))
+        plan.events.append(Event("Warning", "CreateRefused", str(refusals[0])))
         requeue_now = True
     else:
         requeue_now = False
@@ -362,6 +373,10 @@ def _source_field(kind: str) -> str:
     if kind == kueue.WORKLOAD_PRIORITY[1]:
         return f"label {kueue.PRIORITY_LABEL}"
     return "a template's spec.priorityClassName"
+
+
+def _refusal(error: RefusedError | None) -> tuple[str, str] | None:
+    return (error.reason, str(error)) if error is not None else None
 
 
 def _create(

@@ -149,3 +149,52 @@ def test_a_pod_a_sidecar_keeps_running_after_the_job_succeeded_goes_after_the_gr
     assert result.delete == []  # the grace: they may end on their own, their logs kept
     over = step(j, ended, NOW + timedelta(seconds=cleanup.RUNNING_GRACE_SECONDS))
     assert sorted(over.delete) == ["tj-ps-0", "tj-worker-0"]
+
+
+def test_a_pod_of_the_jobs_name_that_is_someone_elses_fails_the_job_name_taken_untouched() -> None:
+    j = job(ps=1, workers=2)
+    step(j, pods(j))
+    [ps, worker0, worker1] = pods(j)
+    theirs = dataclasses.replace(worker1, deleting=True, foreign=True)
+    result = step(j, [ps, worker0, theirs])
+    assert result.status["state"] == "Failed"
+    failed = next(c for c in result.status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "NameTaken"
+    assert failed["message"].startswith(f"Pod {worker1.name} holds a name this job needs")
+    assert worker1.name not in result.delete  # never deleted
+    assert [m for m in result.create if m["metadata"]["name"] == worker1.name] == []
+
+
+@pytest.mark.parametrize(
+    ("refs", "ours"),
+    [
+        ([{"uid": "u-1", "kind": "TrainingJob", "name": "tj"}], True),
+        ([], False),
+        ([{"uid": "u-0", "kind": "TrainingJob", "name": "tj", "controller": True}], False),
+        ([{"uid": "r-1", "kind": "ReplicaSet", "name": "web"}], False),
+    ],
+    ids=["the-jobs", "nobodys", "an-earlier-job-of-the-name", "a-replicasets"],
+)
+def test_an_object_is_the_jobs_only_with_its_uid_among_its_owners(
+    refs: list[dict[str, Any]], ours: bool
+) -> None:
+    why = kube.foreign({"metadata": {"ownerReferences": refs}}, {"metadata": {"uid": "u-1"}})
+    assert (why is None) is ours
+    if refs and not ours:
+        assert why is not None
+        assert f"(its owner: {refs[0]['kind']} {refs[0]['name']})" in why
+
+
+def test_a_pod_of_an_earlier_job_of_the_name_is_going_not_someone_elses() -> None:
+    earlier = _pod("Running", {"running": {}}, {"running": {}})
+    earlier["metadata"]["ownerReferences"] = [
+        {"uid": "old", "kind": "TrainingJob", "controller": True}
+    ]
+    state = kube.pod_state(earlier, "new")
+    assert state is not None
+    assert (state.deleting, state.foreign) == (True, False)
+    nobodys = _pod("Running", {"running": {}}, {"running": {}})
+    nobodys["metadata"]["ownerReferences"] = []
+    state = kube.pod_state(kube.slim_pod(nobodys), "new")
+    assert state is not None
+    assert (state.deleting, state.foreign) == (True, True)
