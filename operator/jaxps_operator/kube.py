@@ -16,12 +16,13 @@ index (at start-up), passes LIST.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 from jaxps_operator import builders, capacity, issuer, progress
 from jaxps_operator.conditions import Event, parse_time
 from jaxps_operator.kubeclient import Api, ApiError, message_of
-from jaxps_operator.objects import FOREIGN, PodState
+from jaxps_operator.objects import FOREIGN, INITIALIZING, PodState
 from jaxps_operator.reconcile import Children, ConflictError, NameTakenError, RefusedError
 
 __all__ = [
@@ -87,16 +88,43 @@ def namespaced(namespace: str, plural: str, name: str = "", *, group: str = "") 
 # A container waits for these on its normal way to running; any other waiting reason
 # (ErrImagePull, ImagePullBackOff, CreateContainerConfigError, ...) is a problem to report.
 STARTING = ("ContainerCreating", "PodInitializing")
+STARTING_QUIET_SECONDS = 5.0
+"""How long a scheduled pod starts before the kubelet's Warnings on it are read."""
+# the kubelet's Warnings on a pod that does not start, and the reason the job says for each
+KUBELET_WARNINGS = {
+    "FailedMount": "MountFailed",
+    "FailedAttachVolume": "MountFailed",
+    "FailedMapVolume": "MountFailed",
+    "FailedCreatePodSandBox": "SandboxFailed",
+}
 
 
 def waiting(pod: Mapping[str, Any], main: Mapping[str, Any]) -> tuple[str, str]:
-    """Why a Pending pod waits, as (reason, message): the scheduler's PodScheduled=False
-    (Unschedulable: `0/1 nodes are available: 1 Insufficient cpu`), else its main container's
-    waiting reason unless it is on its normal way; ("", "") when it waits for nothing wrong."""
+    """Why a pod whose jaxps container does not run yet waits, as (reason, message): the
+    scheduler's PodScheduled=False (Unschedulable: `0/1 nodes are available: 1 Insufficient
+    cpu`), else an init container of the user's that failed to start or has not finished
+    (native sidecars, restartPolicy Always, run on), else the jaxps container's waiting
+    reason unless it is on its normal way; ("", "") when it waits for nothing said yet."""
     status = pod.get("status") or {}
     for c in status.get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == "False":
             return str(c.get("reason") or "Unschedulable"), str(c.get("message") or "")
+    sidecars = {
+        c.get("name")
+        for c in (pod.get("spec") or {}).get("initContainers") or []
+        if c.get("restartPolicy") == "Always"
+    }
+    for container in status.get("initContainerStatuses") or []:
+        name = container.get("name")
+        state = container.get("state") or {}
+        if name in sidecars:
+            continue
+        said = state.get("waiting") or {}
+        if said.get("reason") and said["reason"] not in STARTING:
+            return str(said["reason"]), f"init container {name!r}: {said.get('message') or ''}"
+        if "running" in state:
+            since = (state["running"] or {}).get("startedAt") or "?"
+            return INITIALIZING, f"init container {name!r} has run since {since} and not finished"
     for container in status.get("containerStatuses") or []:
         if container.get("name") != main.get("name"):
             continue
@@ -105,6 +133,15 @@ def waiting(pod: Mapping[str, Any], main: Mapping[str, Any]) -> tuple[str, str]:
         if reason and reason not in STARTING:
             return reason, str(state.get("message") or "")
     return "", ""
+
+
+def _not_started(pod: Mapping[str, Any], main: Mapping[str, Any]) -> bool:
+    """Whether the pod's jaxps container has neither run nor ended yet."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        if container.get("name") == main.get("name"):
+            state = container.get("state") or {}
+            return not ("running" in state or "terminated" in state)
+    return True
 
 
 def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
@@ -139,7 +176,12 @@ def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
                 terminated, failed_init = state, str(container.get("name") or "?")
                 break
     ip = status.get("podIP")
-    why, words = waiting(pod, main) if phase == "Pending" else ("", "")
+    # counted until the jaxps container runs: a sidecar running makes the pod Running before
+    why, words = (
+        waiting(pod, main)
+        if phase == "Pending" or (phase == "Running" and _not_started(pod, main))
+        else ("", "")
+    )
     limit = ((main.get("resources") or {}).get("limits") or {}).get("memory")
     return PodState(
         name=meta["name"],
@@ -165,7 +207,31 @@ def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
         failed_init=failed_init,
         lingering=lingering,
         foreign=foreign,
+        starting=not why and phase == "Pending" and _scheduled(pod) and _not_started(pod, main),
     )
+
+
+def _scheduled(pod: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def kubelet_said(events: Sequence[Mapping[str, Any]], uid: str) -> tuple[str, str]:
+    """The latest of the kubelet's Warnings (`KUBELET_WARNINGS`) among a pod's Events, as the
+    job's reason and the kubelet's words; ("", "") when none (or only of another pod of the
+    name: `uid`)."""
+    said = [
+        e
+        for e in events
+        if e.get("reason") in KUBELET_WARNINGS
+        and (e.get("involvedObject") or {}).get("uid") in (uid, None)
+    ]
+    if not said:
+        return "", ""
+    last = max(said, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    return KUBELET_WARNINGS[str(last["reason"])], f"{last['reason']}: {last.get('message') or ''}"
 
 
 def _a_jobs(refs: list[Mapping[str, Any]]) -> bool:
@@ -211,7 +277,13 @@ def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
         "spec": {
             "containers": [
                 {k: main[k] for k in ("name", "ports", "resources") if k in main},
-            ]
+            ],
+            # native sidecars: init containers that run on (`waiting` passes them over)
+            "initContainers": [
+                {"name": c.get("name"), "restartPolicy": "Always"}
+                for c in (pod.get("spec") or {}).get("initContainers") or []
+                if c.get("restartPolicy") == "Always"
+            ],
         },
         "status": {
             k: status[k]
@@ -279,7 +351,9 @@ class KubeCluster:
             service = network_policy = True
         uid = meta.get("uid", "")
         states = [
-            s for p in self.pods(namespace, meta["name"]) if (s := pod_state(p, uid)) is not None
+            self._why_starting(namespace, s, p)
+            for p in self.pods(namespace, meta["name"])
+            if (s := pod_state(p, uid)) is not None
         ]
         return Children(
             pods=states,
@@ -289,6 +363,32 @@ class KubeCluster:
             issued_workers=capacity.issued_workers(keys, job) if keys is not None else None,
             taken=taken,
         )
+
+    def _why_starting(self, namespace: str, state: PodState, pod: Mapping[str, Any]) -> PodState:
+        """A pod that has been `starting` for `schedule.QUIET_SECONDS`, with the kubelet's
+        Warning on it (a volume it cannot mount) as why it waits; one LIST of its Events."""
+        if not state.starting or state.created is None:
+            return state
+        if (datetime.now(UTC) - state.created).total_seconds() < STARTING_QUIET_SECONDS:
+            return state
+        try:
+            found = self.api.call(
+                "GET",
+                namespaced(namespace, "events"),
+                query={
+                    "fieldSelector": f"involvedObject.kind=Pod,involvedObject.name={state.name}"
+                    ",type=Warning"
+                },
+            )
+        except ApiError as err:  # the pass goes on: the pod still reads as starting
+            log.info("pod %s/%s: its Events not read: %s", namespace, state.name, message(err))
+            return state
+        reason, words = kubelet_said(
+            found.get("items") or [], str((pod.get("metadata") or {}).get("uid") or "")
+        )
+        if not reason:
+            return state
+        return dataclasses.replace(state, waiting_reason=reason, waiting_message=words)
 
     def pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         """The job's pods as watched, with what this operator did since (a pod it created

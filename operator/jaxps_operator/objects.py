@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 from jaxps_operator.conditions import Event
 
 OOM_KILLED = "OOMKilled"
+INITIALIZING = "Initializing"
+"""Why a pod waits while an init container of the user's runs and has not finished."""
 FOREIGN = (
     "holds a name this job needs and is not the job's (no ownerReference with its uid): jaxps "
     "does not adopt, change or delete it; delete or rename it, or give the job another name"
@@ -53,6 +55,9 @@ class PodState:
     # the pod still runs after its jaxps container ended (a sidecar of the user's that does
     # not exit): `phase` is the task's end, cleanup still takes it for a running pod
     lingering: bool = False
+    # scheduled, its jaxps container not running yet, and nothing said of why (the kubelet
+    # may be mounting its volumes: its Warnings are read once it has waited a while)
+    starting: bool = False
     # not the job's, nor one of a TrainingJob of the same name that is going: someone else's
     # object with the job's pod name and labels (never adopted: the job fails NameTaken)
     foreign: bool = False

@@ -41,9 +41,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, watch, create]
+# the job's Events; list: the kubelet's Warnings on a pod that does not start (FailedMount)
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create, patch, list]
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]
