@@ -244,9 +244,22 @@ def _run(
     if early is not None:  # exit 0 is no outcome without the summary
         status.finish(succeeded=False, reason="NoOutcome", message=early)
         return
+    if credentials is not None:  # none read: never issued, or deleted
+        alive = [p for p in observed if not p.deleting and p.phase in ("Pending", "Running")]
+        if alive:  # new keys for a replaced pod only would not be trusted by the others
+            pod = alive[0]
+            status.finish(
+                succeeded=False,
+                reason="SecretLost",
+                message=f"the job's Secret {builders.secret_name(job)} (its tasks' TLS "
+                f"credentials) is gone while pod {pod.name} ({pod.task}) runs with them: a "
+                "pod started now would hold keys its peers do not trust; run the job again "
+                "(with a checkpoint directory it resumes from the last checkpoint)",
+            )
+            return
     if not service_exists:
         out.create.append(builders.service(job))
-    if credentials is not None:
+    if credentials is not None:  # issued before any pod: every task gets keys of one CA
         out.create.append(builders.secret(job, credentials))
     if network_policy:
         out.create.append(builders.network_policy(job))

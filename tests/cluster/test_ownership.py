@@ -6,6 +6,7 @@ keeps its own image."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -22,13 +23,28 @@ def _failed(jobs: Jobs, name: str) -> dict[str, Any]:
     return failed
 
 
+def made(jobs: Jobs, body: dict[str, Any]) -> dict[str, Any]:
+    """Creates `body` in the test's namespace as someone else would (kubectl); what was made."""
+    out = jobs.cluster.kubectl(
+        "create", "-n", jobs.namespace, "-o", "json", "-f", "-", stdin=json.dumps(body)
+    )
+    return dict(json.loads(out))
+
+
+def read(jobs: Jobs, kind: str, name: str) -> dict[str, Any]:
+    return dict(
+        json.loads(jobs.cluster.kubectl("get", "-n", jobs.namespace, kind, name, "-o", "json"))
+    )
+
+
 def _someone_elses_pod(jobs: Jobs, name: str, labels: dict[str, str]) -> dict[str, Any]:
     pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {"name": name, "labels": labels},
         "spec": {"containers": [{"name": "theirs", "image": BUSYBOX}]},
     }
-    made = jobs.cluster.core.create_namespaced_pod(jobs.namespace, pod)
-    return {"uid": made.metadata.uid}
+    return made(jobs, pod)
 
 
 @pytest.mark.parametrize(
@@ -52,30 +68,32 @@ def test_someone_elses_pod_with_a_workers_name_fails_the_job_name_taken_and_is_l
     assert (
         "Pod mnist-worker-0 holds a name this job needs and is not the job's" in failed["message"]
     )
-    pod = jobs.cluster.core.read_namespaced_pod("mnist-worker-0", jobs.namespace)
+    pod = read(jobs, "pod", "mnist-worker-0")
     # not deleted and made again, nor changed (the scheduler alone writes its status)
-    assert pod.metadata.uid == before["uid"]
-    assert pod.metadata.deletion_timestamp is None
-    assert not pod.metadata.owner_references
-    assert (pod.metadata.labels or {}) == labels
-    assert not pod.metadata.annotations
-    assert [(c.name, c.image, c.env) for c in pod.spec.containers] == [("theirs", BUSYBOX, None)]
+    assert pod["metadata"]["uid"] == before["metadata"]["uid"]
+    assert "deletionTimestamp" not in pod["metadata"]
+    assert "ownerReferences" not in pod["metadata"]
+    assert pod["metadata"].get("labels", {}) == labels
+    assert "annotations" not in pod["metadata"]
+    assert pod["spec"]["containers"] == before["spec"]["containers"]
 
 
 def test_someone_elses_service_with_the_jobs_name_fails_it_name_taken_and_is_left(
     jobs: Jobs, operator: Operator
 ) -> None:
     service = {
+        "apiVersion": "v1",
+        "kind": "Service",
         "metadata": {"name": "mnist"},
         "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 80}]},
     }
-    made = jobs.cluster.core.create_namespaced_service(jobs.namespace, service)
+    before = made(jobs, service)
     jobs.apply(mnist())
     failed = _failed(jobs, "mnist")
     assert "Service mnist holds a name this job needs" in failed["message"], failed
     assert "(its owner: nothing)" in failed["message"]
-    after = jobs.cluster.core.read_namespaced_service("mnist", jobs.namespace)
-    assert after.metadata.resource_version == made.metadata.resource_version
+    after = read(jobs, "service", "mnist")
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
     assert jobs.pods("mnist") == {}  # no pod started behind someone else's Service
 
 
