@@ -207,8 +207,34 @@ def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
         failed_init=failed_init,
         lingering=lingering,
         foreign=foreign,
+        disruption=_disruption(status),
         starting=not why and phase == "Pending" and _scheduled(pod) and _not_started(pod, main),
     )
+
+
+def _disruption(status: Mapping[str, Any]) -> str:
+    """The DisruptionTarget condition's reason and words when Kubernetes is ending the pod
+    (the scheduler's preemption, the kubelet's eviction, a lost node's taint, the eviction API)."""
+    for c in status.get("conditions") or []:
+        if c.get("type") == "DisruptionTarget" and c.get("status") == "True":
+            return f"{c.get('reason') or 'Disrupted'}: {c.get('message') or ''}".rstrip(": ")
+    return ""
+
+
+def liveness_kill(events: Sequence[Mapping[str, Any]], uid: str) -> str:
+    """The kubelet's last liveness failure among a pod's Events (it then killed the container),
+    as "LivenessProbeFailed: <its words>"; "" when none."""
+    said = [
+        e
+        for e in events
+        if e.get("reason") == "Unhealthy"
+        and str(e.get("message") or "").startswith("Liveness probe failed")
+        and (e.get("involvedObject") or {}).get("uid") in (uid, None)
+    ]
+    if not said:
+        return ""
+    last = max(said, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    return f"LivenessProbeFailed: {last.get('message')}"
 
 
 def _scheduled(pod: Mapping[str, Any]) -> bool:
@@ -365,11 +391,22 @@ class KubeCluster:
         )
 
     def _why_starting(self, namespace: str, state: PodState, pod: Mapping[str, Any]) -> PodState:
-        """A pod that has been `starting` for `schedule.QUIET_SECONDS`, with the kubelet's
-        Warning on it (a volume it cannot mount) as why it waits; one LIST of its Events."""
-        if not state.starting or state.created is None:
+        """What the kubelet said of a pod, where its status does not: a pod `starting` for
+        `STARTING_QUIET_SECONDS` gets its Warning (a volume it cannot mount) as why it waits;
+        a pod whose container was killed (exit 137 or 143, not for memory) its liveness
+        probe's failure as what ended it. One LIST of the pod's Warning Events."""
+        killed = (
+            state.phase == "Failed"
+            and state.exit_code in (137, 143)
+            and not state.oom_killed
+            and not state.disruption
+            and not state.deleting
+        )
+        if not (state.starting or killed) or state.created is None:
             return state
-        if (datetime.now(UTC) - state.created).total_seconds() < STARTING_QUIET_SECONDS:
+        if state.starting and (
+            (datetime.now(UTC) - state.created).total_seconds() < STARTING_QUIET_SECONDS
+        ):
             return state
         try:
             found = self.api.call(
@@ -380,12 +417,15 @@ class KubeCluster:
                     ",type=Warning"
                 },
             )
-        except ApiError as err:  # the pass goes on: the pod still reads as starting
+        except ApiError as err:  # the pass goes on with what the pod's status says
             log.info("pod %s/%s: its Events not read: %s", namespace, state.name, message(err))
             return state
-        reason, words = kubelet_said(
-            found.get("items") or [], str((pod.get("metadata") or {}).get("uid") or "")
-        )
+        events = found.get("items") or []
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if killed:
+            said = liveness_kill(events, uid)
+            return dataclasses.replace(state, disruption=said) if said else state
+        reason, words = kubelet_said(events, uid)
         if not reason:
             return state
         return dataclasses.replace(state, waiting_reason=reason, waiting_message=words)

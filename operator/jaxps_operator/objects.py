@@ -55,6 +55,10 @@ class PodState:
     # the pod still runs after its jaxps container ended (a sidecar of the user's that does
     # not exit): `phase` is the task's end, cleanup still takes it for a running pod
     lingering: bool = False
+    # Kubernetes ended it, not its task: the DisruptionTarget condition's reason and words
+    # (PreemptionByScheduler, TerminationByKubelet, DeletionByTaintManager, ...) or the
+    # kubelet's liveness probe (LivenessProbeFailed)
+    disruption: str = ""
     # scheduled, its jaxps container not running yet, and nothing said of why (the kubelet
     # may be mounting its volumes: its Warnings are read once it has waited a while)
     starting: bool = False

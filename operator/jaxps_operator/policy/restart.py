@@ -9,7 +9,11 @@
   OOM), Never never, and then the job fails (ReplicaFailed, naming role, index and exit code;
   OOMKilled when the kernel's OOM killer ended it, naming its memory limit and what to change);
 - every replacement counts in `status.restarts` and per role; past `runPolicy.backoffLimit`
-  the job fails (BackoffLimitExceeded, or OOMKilled when the last failure was one).
+  the job fails (BackoffLimitExceeded, or OOMKilled when the last failure was one), but for a
+  pod Kubernetes ended itself (DisruptionTarget: preempted by the scheduler, evicted by the
+  kubelet or the eviction API, its node lost), which is replaced whatever the count (Event
+  PodDisrupted, naming Kubernetes' reason); a container the kubelet killed for a failing
+  liveness probe is named so (LivenessProbeFailed) and counts as any failure.
 
 jaxps tasks exit 0 only once training is over (a ps when the chief shuts it down), so Always
 acts as OnFailure: a pod that exited 0 is done.
@@ -61,6 +65,9 @@ def oom_advice(job: Mapping[str, Any], pod: PodState) -> str:
 
 
 def _how(pod: PodState) -> str:
+    if pod.disruption:
+        code = f" (exit code {pod.exit_code})" if pod.exit_code is not None else ""
+        return f"was ended by Kubernetes{code}: {pod.disruption}"
     if pod.failed_init:
         said = f": {pod.message.strip()}" if pod.message.strip() else ""
         return f"failed: its init container {pod.failed_init!r} exited {pod.exit_code}{said}"
@@ -71,6 +78,12 @@ def _how(pod: PodState) -> str:
     if pod.exit_code is not None:
         return f"failed with exit code {pod.exit_code}"
     return f"failed with reason {pod.reason or '?'}"
+
+
+def _disrupted(pod: PodState) -> bool:
+    """Kubernetes ended the pod for reasons of its own (a DisruptionTarget condition), not for
+    what its task did (a liveness probe that failed is the task's: it stopped answering)."""
+    return bool(pod.disruption) and not pod.disruption.startswith("LivenessProbeFailed")
 
 
 def on_failure(job: Mapping[str, Any], pod: PodState, *, status: Status, plan: Plan) -> None:
@@ -103,7 +116,10 @@ def on_failure(job: Mapping[str, Any], pod: PodState, *, status: Status, plan: P
         return
     body = status.body
     done = f"{body['restarts']} pod replacement{'' if body['restarts'] == 1 else 's'}"
-    if body["restarts"] + 1 > limit:  # counted only once it happens: status says what did
+    # counted only once it happens: status says what did; a pod Kubernetes ended (preempted,
+    # evicted, its node lost: DisruptionTarget) is no failure of the job's and is replaced past
+    # the limit, as a batch Job's podFailurePolicy ignores them
+    if body["restarts"] + 1 > limit and not _disrupted(pod):
         if pod.oom_killed:
             status.finish(
                 succeeded=False,
@@ -125,6 +141,6 @@ def on_failure(job: Mapping[str, Any], pod: PodState, *, status: Status, plan: P
     plan.replaced.append((pod.role, pod.index))
     status.event(
         "Warning",
-        "PodReplaced",
+        "PodDisrupted" if _disrupted(pod) else "PodReplaced",
         f"{task} {_how(pod)}; replacing it (restartPolicy {policy})",
     )
