@@ -126,7 +126,10 @@ def _check(node: Any, schema: Mapping[str, Any], path: str, out: list[Problem]) 
         return
     if "enum" in schema and node not in schema["enum"]:
         allowed = ", ".join(json.dumps(v) for v in schema["enum"])
-        out.append(Problem(path, f"Unsupported value: {_show(node)}: supported values: {allowed}"))
+        about = f" ({schema['description']})" if schema.get("description") else ""
+        out.append(
+            Problem(path, f"Unsupported value: {_show(node)}: supported values: {allowed}{about}")
+        )
     if isinstance(node, int | float) and not isinstance(node, bool):
         if "minimum" in schema and node < schema["minimum"]:
             out.append(

@@ -198,3 +198,12 @@ def test_a_pod_of_an_earlier_job_of_the_name_is_going_not_someone_elses() -> Non
     state = kube.pod_state(kube.slim_pod(nobodys), "new")
     assert state is not None
     assert (state.deleting, state.foreign) == (True, True)
+
+
+def test_a_user_dataset_given_a_name_as_well_is_told_to_leave_the_name_out() -> None:
+    m = manifest(training={"steps": 10, "dataset": {"name": "clicks", "module": "mine.data:load"}})
+    with pytest.raises(schema.InvalidManifestError) as err:
+        schema.validate(m)
+    said = str(err.value)
+    assert 'spec.training.dataset.name: Unsupported value: "clicks"' in said
+    assert "for your own, set module and leave name out" in said

@@ -271,7 +271,7 @@ class ReadChildren(kube.KubeCluster):
         self.reads_made = 0
 
     def _read_children(
-        self, job: Any, *, at_once: bool = True
+        self, job: Any, *, at_once: bool = True, taken: list[str] | None = None
     ) -> tuple[list[str] | None, bool, bool]:
         self.reads_made += 1
         return self.there
