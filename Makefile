@@ -13,10 +13,12 @@ export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)/operator
 export JAX_PLATFORMS ?= cpu
 
 .PHONY: help install run test build-node build-images build-kueue test-unit test-process test-cluster test-e2e lint format verify protos \
-	bench bench-tf clean control-plane node images kueue kubeflow cluster-up cluster-down
+	docs bench bench-tf clean control-plane node images kueue kubeflow cluster-up cluster-down
 # Debian packages of the one-node cluster and the image builder (hack/node.py, hack/image.py)
 NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack mmdebstrap openssl gcc
 TIMED := JAXPS_TIMES=$(CURDIR)/.work/times hack/timed.sh
+# the docs site (mkdocs.yml; into .work/site); Material's banner about MkDocs 2 is not ours
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
 # every tier of `make test` prints its 15 slowest tests: where the next minute is to be won
 TIER_OPTS := -q --durations=15
 # pytest-xdist workers of each tier: the unit tests on both cores; the process tier's jobs
@@ -87,18 +89,25 @@ format: install ## Apply ruff's fixes and formatting
 protos: install ## Regenerate the Python stubs from protos/
 	PYTHON=$(CURDIR)/$(PY) hack/gen-protos.sh
 
-verify: lint ## Lint, types, import contracts (the runtime's rooms), class sizes and the drift checks (stubs, CRD copies, spec.training, optimizer table)
+verify: lint ## Lint, types, import contracts (the runtime's rooms), class sizes and the drift checks (stubs, CRD copies, spec.training, optimizer table, generated docs), the docs site built --strict
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) hack/structure.py --check
 	$(PY) -m jaxps_runtime.config --check
 	$(PY) hack/training_schema.py
+	$(PY) hack/docs_reference.py --check
+	$(MKDOCS) build --strict
+	@echo "docs site builds (mkdocs --strict)"
 	@for copy in operator/jaxps_operator/crd/trainingjob.yaml charts/jaxps/crds/trainingjob.yaml; do \
 	  diff -u crds/trainingjob.yaml $$copy >/dev/null || { echo "$$copy drifted from crds/: copy it"; exit 1; }; \
 	done; echo "packaged and chart CRDs match crds/"
 	@tmp=$$(mktemp -d) && PYTHON=$(CURDIR)/$(PY) hack/gen-protos.sh $$tmp && \
 	  diff -r -x __pycache__ $$tmp/jaxps runtime/jaxps && rm -rf $$tmp && \
 	  echo "generated stubs match protos/" || { echo "stubs drifted: run 'make protos' and commit"; exit 1; }
+
+docs: install ## Write the generated reference pages (docs/reference/) and build the docs site into .work/site
+	$(PY) hack/docs_reference.py
+	$(MKDOCS) build --strict
 
 $(TF_STAMP): bench/tf/requirements.txt
 	@$(PYTHON_SYSTEM) -c 'import venv, ensurepip' 2>/dev/null || hack/apt-install.sh python3-venv
