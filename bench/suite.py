@@ -1,15 +1,16 @@
-"""Every benchmark in one run, as `make bench` runs them, and the README's table from that run.
+"""Every benchmark in one run, as `make bench` runs them, and the docs' table from that run.
 
     python bench/suite.py --tf-python .venv-tf/bin/python [--out .bench/results.jsonl]
-        [--readme README.md] [--only operator.py ...]
-    python bench/suite.py --table .bench/results.jsonl [--readme README.md]
+        [--readme docs/benchmarks.md] [--only operator.py ...]
+    python bench/suite.py --table .bench/results.jsonl [--readme docs/benchmarks.md]
 
 Runs each command of `COMMANDS` in turn (their progress on stderr comes through), passes every
 JSON line on to stdout as it comes, and keeps it in `--out` with the command that printed it.
 At the end it prints the markdown table of the run (every measurement: case, metric, jaxps, the
 baseline measured in the same run, the ratio, the command); `--readme` writes that table into
-the README between `<!-- bench:begin -->` and `<!-- bench:end -->`, under a line naming the
-commit and the day. `--table` makes the table from a kept run without running anything.
+the page given (docs/benchmarks.md) between `<!-- bench:begin -->` and `<!-- bench:end -->`,
+under a line naming the day (the kept run also records the commit). `--table` makes the table
+from a kept run without running anything.
 
 A command that fails is named on stderr and makes the exit status 1; the others still run, and
 the table says which produced nothing. `recovery.py --kubernetes` and `admission.py` start the
@@ -116,7 +117,7 @@ def commit() -> str:
 
 
 def write_readme(readme: Path, text: str) -> None:
-    """Puts `text` between the README's bench markers."""
+    """Puts `text` between the bench markers of the page `readme`."""
     content = readme.read_text()
     if BEGIN not in content or END not in content:
         raise SystemExit(f"{readme} has no {BEGIN} ... {END} block to write the table into")
@@ -129,7 +130,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tf-python", default=".venv-tf/bin/python")
     parser.add_argument("--out", type=Path, default=HERE / ".bench" / "results.jsonl")
-    parser.add_argument("--readme", type=Path, help="write the table into this README")
+    parser.add_argument(
+        "--readme", type=Path, help="write the table into this page (docs/benchmarks.md)"
+    )
     parser.add_argument("--only", nargs="+", help="run only the commands of these scripts")
     parser.add_argument("--table", type=Path, help="make the table of a kept run; run nothing")
     args = parser.parse_args()
@@ -139,14 +142,16 @@ def main() -> None:
         kept = [json.loads(line) for line in args.table.read_text().splitlines() if line]
         rows = [row for row in kept if "bench" in row]
         failed = [str(row["failed"]) for row in kept if "failed" in row]
+        # the day only: a run kept by an older suite said "<commit> on <day>"
         when = next((str(row["run"]) for row in kept if "run" in row), "unknown")
+        when = when.rsplit(" on ", 1)[-1]
     else:
         commands = [c for c in COMMANDS if not args.only or shlex.split(c)[0] in args.only]
-        when = f"{commit()} on {datetime.date.today().isoformat()}"
+        when = datetime.date.today().isoformat()
         rows = []
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("w") as out:
-            out.write(json.dumps({"run": when}) + "\n")
+            out.write(json.dumps({"run": when, "commit": commit()}) + "\n")
             for command in commands:
                 shown, got, status = run(command, args.tf_python)
                 rows += got
