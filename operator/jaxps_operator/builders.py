@@ -282,6 +282,12 @@ def pod(
     main.setdefault("name", MAIN_CONTAINER)
     main.setdefault("image", image)
     main.setdefault("command", ["python", "-m", "jaxps_runtime"])
+    raised = ((job.get("status") or {}).get("memory") or {}).get(role)
+    if raised:  # runPolicy.oomPolicy raised the role's memory (policy.memory)
+        resources = main.setdefault("resources", {})
+        resources.setdefault("limits", {})["memory"] = raised
+        if "memory" in (resources.get("requests") or {}):
+            resources["requests"]["memory"] = raised
     name = pod_name(job, role, index)
     metrics = network.metrics_ports.get(name) or template_metrics_port(main)
     env = [e for e in main.get("env", []) if e.get("name") not in RESERVED_ENV]

@@ -600,6 +600,34 @@ def test_a_worker_the_kernel_oom_kills_fails_the_job_naming_its_memory_limit_and
     )
 
 
+def test_an_oom_policy_raises_the_starved_workers_memory_until_the_job_succeeds(
+    jobs: E2eJobs,
+) -> None:
+    """runPolicy.oomPolicy x4 up to 1Gi: 50Mi -> 200Mi (still killed while it imports JAX, or
+    while it trains) -> 800Mi, each raise an Event, and the job trains to Succeeded."""
+    body = starved_worker("oom-raised", restart_policy="Never", backoff_limit=6)
+    body["spec"]["runPolicy"]["oomPolicy"] = {"factor": 4, "maxMemory": "1Gi"}
+    name = start(jobs, body)
+    done = jobs.wait_done(name)
+    raised = done["status"]["memory"]["worker"]
+    assert raised in ("200Mi", "800Mi", "1Gi"), done["status"]
+    events = jobs.wait_event(name, "MemoryRaised", f"raised to {raised}")
+    assert all(e["type"] == "Warning" for e in events), events
+    assert any(
+        f"was OOMKilled (exit code 137, memory limit {TOO_LITTLE_MEMORY}); replacing it with "
+        "worker's memory limit raised to 200Mi (runPolicy.oomPolicy: x4, at most 1Gi)"
+        in e["message"]
+        for e in jobs.events(name)
+    ), jobs.events(name)
+    assert done["status"]["restarts"] == len(
+        [e for e in jobs.events(name) if e["reason"] == "MemoryRaised"]
+    )
+    keep(
+        "\n".join(e["message"] for e in jobs.events(name) if e["reason"] == "MemoryRaised"),
+        "oom-raised.txt",
+    )
+
+
 def scheduler_events(jobs: E2eJobs) -> list[str]:
     """What the scheduler said of this namespace's pods (FailedScheduling Events outlive the
     pods they name)."""

@@ -13,7 +13,10 @@
   pod Kubernetes ended itself (DisruptionTarget: preempted by the scheduler, evicted by the
   kubelet or the eviction API, its node lost), which is replaced whatever the count (Event
   PodDisrupted, naming Kubernetes' reason); a container the kubelet killed for a failing
-  liveness probe is named so (LivenessProbeFailed) and counts as any failure.
+  liveness probe is named so (LivenessProbeFailed) and counts as any failure;
+- with `runPolicy.oomPolicy`, an OOM-killed pod is replaced whatever its role's policy, with
+  the role's memory limit raised (`policy.memory`; Event MemoryRaised), or the job fails
+  OOMKilled saying why it was not raised.
 
 jaxps tasks exit 0 only once training is over (a ps when the chief shuts it down), so Always
 acts as OnFailure: a pod that exited 0 is done.
@@ -27,6 +30,7 @@ from typing import Any
 from jaxps_operator import builders
 from jaxps_operator.conditions import Status
 from jaxps_operator.objects import Plan, PodState
+from jaxps_operator.policy import memory
 from jaxps_runtime.config.training import FINAL_EXITS
 
 RETRYABLE_EXIT_CODE = 128  # ExitCode policy: codes from here on (signals, OOM) are retried
@@ -100,7 +104,13 @@ def on_failure(job: Mapping[str, Any], pod: PodState, *, status: Status, plan: P
             message=f"{task} {WHAT.get(reason, 'ended the job')} (exit code {code}): {said}",
         )
         return
-    if not may_replace(policy, code):
+    more, why_not = memory.raised(job, pod) if pod.oom_killed else (None, "")
+    if why_not:  # runPolicy.oomPolicy is set, and cannot raise this one
+        status.finish(
+            succeeded=False, reason="OOMKilled", message=f"{oom_advice(job, pod)}; {why_not}"
+        )
+        return
+    if more is None and not may_replace(policy, code):
         if pod.oom_killed:
             status.finish(
                 succeeded=False,
@@ -139,6 +149,17 @@ def on_failure(job: Mapping[str, Any], pod: PodState, *, status: Status, plan: P
     counts["restarts"] = counts.get("restarts", 0) + 1
     plan.delete.append(pod.name)
     plan.replaced.append((pod.role, pod.index))
+    if more is not None:  # its successor, and every pod of the role after it, get `more`
+        body.setdefault("memory", {})[pod.role] = more
+        oom = job["spec"]["runPolicy"]["oomPolicy"]
+        status.event(
+            "Warning",
+            "MemoryRaised",
+            f"{task} {_how(pod)}; replacing it with {pod.role}'s memory limit raised to "
+            f"{more} (runPolicy.oomPolicy: x{oom.get('factor', 2):g}, at most "
+            f"{oom['maxMemory']})",
+        )
+        return
     status.event(
         "Warning",
         "PodDisrupted" if _disrupted(pod) else "PodReplaced",
