@@ -11,6 +11,9 @@ TF_STAMP := $(TF_VENV)/.installed
 export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)/operator
 # JAX on this machine is CPU only; keep its start-up quiet and its threads bounded.
 export JAX_PLATFORMS ?= cpu
+# mypy's cache outside the repo, as the builds' (hack/control-plane.sh): a fresh clone's
+# `make verify` reads it again (mypy checks each file's hash) rather than starting cold
+export MYPY_CACHE_DIR ?= $(or $(JAXPS_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/jaxps)/mypy
 
 .PHONY: help install run test build-node build-images build-kueue test-unit test-process test-cluster test-e2e lint format verify protos \
 	docs bench bench-tf clean control-plane node images kueue kubeflow cluster-up cluster-down
