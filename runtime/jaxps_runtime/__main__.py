@@ -200,6 +200,8 @@ def _check_settings(
         settings["JAXPS_METRICS_ADDRESS"] = environ["JAXPS_METRICS_ADDRESS"]
     if cluster.XLA_THREADS_ENV in environ:  # a ps has its own, and reads no other
         settings[cluster.XLA_THREADS_ENV] = environ[cluster.XLA_THREADS_ENV]
+    if cluster.LOOP_GRACE_ENV in environ:
+        settings[cluster.LOOP_GRACE_ENV] = environ[cluster.LOOP_GRACE_ENV]
     for name, value in settings.items():
         problem = cluster.setting_problem(name, value, task_type=task_type)
         if problem:

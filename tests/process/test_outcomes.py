@@ -547,11 +547,15 @@ def test_a_program_leaving_its_session_early_fails_the_job_at_once_saying_so(
 def test_a_program_stuck_in_its_own_code_on_worker_0_fails_stalled_and_ends(
     tmp_path: Path,
 ) -> None:
-    run = jaxps_local(tmp_path, _program_job("hangs", "hangs", progressTimeoutSeconds=10))
+    job = _program_job("hangs", "hangs", progressTimeoutSeconds=10)
+    worker = job["spec"]["replicaSpecs"]["worker"]
+    grace = {"name": "JAXPS_LOOP_GRACE_SECONDS", "value": "3"}  # the loop's, after the outcome
+    worker["template"] = {"spec": {"containers": [{"name": "jaxps", "env": [grace]}]}}
+    run = jaxps_local(tmp_path, job)
     message = _failed(run, "Stalled")
     assert "the global step has not moved" in message, message
     assert "worker-0 waits for nothing of jaxps: it was last in its own step's code" in message
-    assert "did not return within" in run.log("worker-0"), run.logs()
+    assert "did not return within 3 s of the job's end" in run.log("worker-0"), run.logs()
 
 
 @pytest.mark.parametrize("label", [-1, 10])

@@ -74,7 +74,7 @@ def test_a_wrong_standby_delay_is_refused_on_a_ps_naming_what_is_allowed(value: 
 @pytest.mark.parametrize(("value", "seconds"), [("10", 10.0), ("0.5", 0.5), ("3600", 3600.0)])
 def test_a_standby_delay_in_range_is_taken(value: str, seconds: float) -> None:
     assert cluster.setting_problem("JAXPS_PS_STANDBY_DELAY", value, task_type=cluster.PS) is None
-    assert cluster.standby_delay(value) == seconds
+    assert cluster.seconds_setting(value) == seconds
 
 
 def _env(result: Any, pod: str) -> dict[str, str]:
@@ -106,3 +106,13 @@ def test_oom_kills_are_read_from_the_memory_cgroup_v2_or_v1(tmp_path: Path) -> N
     assert keeper.oom_kills([tmp_path / "absent", v1]) == 5
     v1.write_text("oom_kill_disable 0\n")  # a kernel that does not count them
     assert keeper.oom_kills([tmp_path / "absent", v1]) is None
+
+
+@pytest.mark.parametrize("value", ["0", "soon", "3601"])
+def test_a_wrong_loop_grace_is_refused_on_a_worker_and_left_to_a_ps(value: str) -> None:
+    problem = cluster.setting_problem("JAXPS_LOOP_GRACE_SECONDS", value, task_type="worker")
+    assert problem is not None
+    assert problem.startswith(f'JAXPS_LOOP_GRACE_SECONDS: got "{value}"; expected the seconds')
+    assert "(default 30)" in problem
+    assert cluster.setting_problem("JAXPS_LOOP_GRACE_SECONDS", value, task_type="ps") is None
+    assert cluster.setting_problem("JAXPS_LOOP_GRACE_SECONDS", "5", task_type="chief") is None

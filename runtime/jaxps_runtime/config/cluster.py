@@ -385,7 +385,9 @@ def bulk_on(environ: Mapping[str, str]) -> bool:
 XLA_THREADS_ENV, PS_XLA_THREADS_ENV = "JAXPS_XLA_THREADS", "JAXPS_PS_XLA_THREADS"
 PS_STANDBY_DELAY_ENV = "JAXPS_PS_STANDBY_DELAY"
 """Seconds from a ps's start (or a standby's takeover) to its keeper's next standby."""
-PS_STANDBY_DELAY_MAX = 3600.0
+LOOP_GRACE_ENV = "JAXPS_LOOP_GRACE_SECONDS"
+"""Seconds a user's training loop has to return once the job's outcome is known (`program`)."""
+SECONDS_MAX = 3600.0
 
 
 def xla_threads(environ: Mapping[str, str], *, task_type: str) -> int | None:
@@ -413,8 +415,8 @@ def xla_threads(environ: Mapping[str, str], *, task_type: str) -> int | None:
 def setting_problem(name: str, value: str, *, task_type: str) -> str | None:
     """What a task of `task_type` refuses in one of the runtime's own variables that a pod
     template may set (JAXPS_LOG_LEVEL, JAXPS_BULK, JAXPS_METRICS_ADDRESS; JAXPS_PS_XLA_THREADS
-    JAXPS_PS_STANDBY and JAXPS_PS_STANDBY_DELAY, read by a ps only; JAXPS_XLA_THREADS, by every
-    other role), as
+    JAXPS_PS_STANDBY and JAXPS_PS_STANDBY_DELAY, read by a ps only; JAXPS_XLA_THREADS and
+    JAXPS_LOOP_GRACE_SECONDS, by every other role), as
     "NAME: got ...; expected ...", or None. The runtime exits 2 with it; the control plane
     fails the job with it before any pod starts."""
     if name == "JAXPS_LOG_LEVEL" and value.upper() not in LOG_LEVELS:
@@ -446,22 +448,29 @@ def setting_problem(name: str, value: str, *, task_type: str) -> str | None:
             f"{name}: got {_show(value)}; expected on (a standby ps in the pod takes over at "
             "once when the ps is killed; the default on Kubernetes) or off, any case"
         )
-    if name == PS_STANDBY_DELAY_ENV and task_type == PS and standby_delay(value) is None:
+    if name == PS_STANDBY_DELAY_ENV and task_type == PS and seconds_setting(value) is None:
         return (
             f"{name}: got {_show(value)}; expected seconds from the ps's start, or a standby's "
-            f"takeover, to its next standby's start: a number > 0 and <= {PS_STANDBY_DELAY_MAX:g} "
+            f"takeover, to its next standby's start: a number > 0 and <= {SECONDS_MAX:g} "
             "(default 10)"
+        )
+    if name == LOOP_GRACE_ENV and task_type != PS and seconds_setting(value) is None:
+        return (
+            f"{name}: got {_show(value)}; expected the seconds a training.program's loop has "
+            "to return once the job's outcome is known, before its process ends with it: a "
+            f"number > 0 and <= {SECONDS_MAX:g} (default 30)"
         )
     return None
 
 
-def standby_delay(value: str) -> float | None:
-    """JAXPS_PS_STANDBY_DELAY's seconds, None unless 0 < seconds <= PS_STANDBY_DELAY_MAX."""
+def seconds_setting(value: str) -> float | None:
+    """A setting's seconds (JAXPS_PS_STANDBY_DELAY, JAXPS_LOOP_GRACE_SECONDS); None unless
+    0 < seconds <= SECONDS_MAX."""
     try:
         seconds = float(value)
     except ValueError:
         return None
-    return seconds if 0 < seconds <= PS_STANDBY_DELAY_MAX else None
+    return seconds if 0 < seconds <= SECONDS_MAX else None
 
 
 def _ip_address(value: str) -> bool:

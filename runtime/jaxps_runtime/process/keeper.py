@@ -42,7 +42,7 @@ KEEPER_ENV = "JAXPS_PS_STANDBY"
 SPARE_DELAY = 10.0
 """Seconds from a ps's start to its standby's: the standby's load (JAX, on the same cores)
 should not slow the ps's start or its recovery. JAXPS_PS_STANDBY_DELAY sets another
-(`cluster.standby_delay`, checked where JAXPS_PS_STANDBY is)."""
+(`cluster.seconds_setting`, checked where JAXPS_PS_STANDBY is)."""
 TAKEOVERS = 5
 """The most times a standby takes over in one pod; the next death ends the pod."""
 MEMORY_EVENTS = (
@@ -175,7 +175,7 @@ class Keeper:
 
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     """Runs the ps `python -m jaxps_runtime argv` under a keeper; its exit code."""
-    delay = cluster.standby_delay(environ.get(cluster.PS_STANDBY_DELAY_ENV, str(SPARE_DELAY)))
+    delay = cluster.seconds_setting(environ.get(cluster.PS_STANDBY_DELAY_ENV, str(SPARE_DELAY)))
     keeper = Keeper(argv, environ, spare_delay=SPARE_DELAY if delay is None else delay)
     for signum in _ASKED:
         signal.signal(signum, keeper.stop)

@@ -62,7 +62,8 @@ from jaxps_runtime.train.session import Session
 from jaxps_runtime.train.task import Task
 
 log = logging.getLogger(__name__)
-# How long worker 0's loop has to return once the job's outcome is known (`should_stop`)
+# How long worker 0's loop has to return once the job's outcome is known (`should_stop`);
+# JAXPS_LOOP_GRACE_SECONDS sets another (`cluster.seconds_setting`, checked at task start)
 LOOP_GRACE_SECONDS = 30.0
 
 Evaluate = Callable[[Any, Mapping[str, Any]], Mapping[str, Any]]
@@ -344,7 +345,9 @@ class _ChiefThread:
         """The job has its outcome: the loop, told so by `should_stop`, has `LOOP_GRACE_SECONDS`
         to return; a loop stuck in its own code (or never asking) would keep the process, and
         the job, running forever, so the process ends with the chief's outcome."""
-        if self.loop_ended.wait(LOOP_GRACE_SECONDS) or isinstance(self._error, stopping.Stopped):
+        grace = cluster.seconds_setting(os.environ.get(cluster.LOOP_GRACE_ENV, ""))
+        grace = LOOP_GRACE_SECONDS if grace is None else grace
+        if self.loop_ended.wait(grace) or isinstance(self._error, stopping.Stopped):
             return
         code = self._code
         if isinstance(self._error, outcome.JobFailure):
@@ -358,7 +361,7 @@ class _ChiefThread:
             "%s: training.program did not return within %.0f s of the job's end (its loop "
             "runs while not session.should_stop()); exiting with code %d",
             self._task.name,
-            LOOP_GRACE_SECONDS,
+            grace,
             code,
         )
         logging.shutdown()
