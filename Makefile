@@ -31,7 +31,7 @@ TIER_OPTS := -q --durations=15
 UNIT_WORKERS ?= 2
 PROCESS_WORKERS ?= 3
 CLUSTER_WORKERS ?= 3
-E2E_WORKERS ?= 2
+E2E_WORKERS ?= 3
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
