@@ -15,7 +15,7 @@ export JAX_PLATFORMS ?= cpu
 # `make verify` reads it again (mypy checks each file's hash) rather than starting cold
 export MYPY_CACHE_DIR ?= $(or $(JAXPS_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/jaxps)/mypy
 
-.PHONY: help install run test build-node build-images build-kueue test-unit test-process test-cluster test-e2e lint format verify protos \
+.PHONY: help install run test build-node build-images build-kueue tier-cluster tier-e2e test-unit test-process test-cluster test-e2e lint format verify protos \
 	docs bench bench-tf clean control-plane node images kueue kubeflow cluster-up cluster-down
 # Debian packages of the one-node cluster and the image builder (hack/node.py, hack/image.py)
 NODE_PACKAGES := containerd runc containernetworking-plugins iptables conntrack mmdebstrap openssl gcc
@@ -58,10 +58,18 @@ test: install ## make verify, the builds, then every tier (unit, process, cluste
 	@$(TIMED) "tier: unit" $(PY) -m pytest $(TIER_OPTS) -n $(UNIT_WORKERS) tests/unit
 	@$(TIMED) "tier: process" $(PY) -m pytest $(TIER_OPTS) -n $(PROCESS_WORKERS) \
 	  --dist loadgroup tests/process
+	@$(TIMED) "tiers: cluster and e2e, side by side" $(MAKE) --no-print-directory -j2 \
+	  --output-sync=line tier-cluster tier-e2e
+	@echo "--- make test: time per phase ---" && cat .work/times
+
+# the cluster tier (a control plane and operator per worker on 127.0.0.1, mostly waiting on
+# them) beside the e2e tier (the node, whose pods leave CPU idle while they start): they share
+# nothing, and each is timed on its own
+tier-cluster:
 	@$(TIMED) "tier: cluster" $(PY) -m pytest $(TIER_OPTS) -n $(CLUSTER_WORKERS) tests/cluster
+tier-e2e:
 	@$(TIMED) "tier: e2e (node up, tests, down)" $(PY) -m pytest $(TIER_OPTS) -n $(E2E_WORKERS) \
 	  --dist loadgroup tests/e2e
-	@echo "--- make test: time per phase ---" && cat .work/times
 
 # each build of `make test` timed on its own while they run side by side (none depends on
 # another: the Go builds share the module and build caches, which Go locks; the images need
