@@ -163,7 +163,10 @@ def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
         if container.get("name") == main.get("name"):
             terminated = (container.get("state") or {}).get("terminated") or {}
     phase = status.get("phase", "Pending")
-    lingering = phase == "Running" and "exitCode" in terminated
+    # (not a pod being deleted: its containers end because it goes, whatever they exit with)
+    lingering = (
+        phase == "Running" and "exitCode" in terminated and not meta.get("deletionTimestamp")
+    )
     if lingering:
         # the jaxps container ended while a sidecar of the user's still runs (restartPolicy
         # Never: it is not started again): its end is the task's, as a finished pod's would be
@@ -222,19 +225,29 @@ def _disruption(status: Mapping[str, Any]) -> str:
 
 
 def liveness_kill(events: Sequence[Mapping[str, Any]], uid: str) -> str:
-    """The kubelet's last liveness failure among a pod's Events (it then killed the container),
-    as "LivenessProbeFailed: <its words>"; "" when none."""
-    said = [
+    """The kubelet's own word that it killed the container for its liveness probe (a Killing
+    Event "... failed liveness probe ..."), with the probe's last failure (an Unhealthy Event),
+    as "LivenessProbeFailed: <their words>"; "" when it did not (a probe that failed now and
+    then, under its failureThreshold, or a container that died of something else)."""
+    mine = [e for e in events if (e.get("involvedObject") or {}).get("uid") in (uid, None)]
+    killed = [
         e
-        for e in events
+        for e in mine
+        if e.get("reason") == "Killing" and "failed liveness probe" in str(e.get("message") or "")
+    ]
+    if not killed:
+        return ""
+    failures = [
+        e
+        for e in mine
         if e.get("reason") == "Unhealthy"
         and str(e.get("message") or "").startswith("Liveness probe failed")
-        and (e.get("involvedObject") or {}).get("uid") in (uid, None)
     ]
-    if not said:
-        return ""
-    last = max(said, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
-    return f"LivenessProbeFailed: {last.get('message')}"
+    when = lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or "")  # noqa: E731
+    said = (
+        max(failures, key=when).get("message") if failures else max(killed, key=when).get("message")
+    )
+    return f"LivenessProbeFailed: {said}"
 
 
 def _scheduled(pod: Mapping[str, Any]) -> bool:

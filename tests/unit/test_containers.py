@@ -124,6 +124,16 @@ def test_the_jaxps_container_ended_while_a_sidecar_runs_ends_the_task(
     assert state.metrics is None  # no metrics read from a task that ended
 
 
+def test_a_pod_being_deleted_whose_container_ended_is_leaving_not_done() -> None:
+    """A preempted job's pods are deleted: the chief's container ending on SIGTERM while the
+    pod is still Running was read as the task's end, and the job Succeeded."""
+    going = _pod("Running", {"terminated": {"exitCode": 0, "reason": "Completed"}}, {"running": {}})
+    going["metadata"]["deletionTimestamp"] = "2026-11-29T08:00:45Z"
+    state = kube.pod_state(going, "u")
+    assert state is not None
+    assert (state.phase, state.deleting, state.lingering) == ("Running", True, False)
+
+
 def test_a_sidecar_that_ended_is_not_taken_for_the_task() -> None:
     ended = {"terminated": {"exitCode": 1, "reason": "Error"}}
     state = kube.pod_state(_pod("Running", {"running": {}}, ended), "u")
