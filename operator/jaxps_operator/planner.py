@@ -200,33 +200,31 @@ def _run(
 ) -> None:
     if suspend.apply(job, pods=observed, status=status, plan=out):
         return
-    problems = schema.training_problems(job)
-    if problems:
-        status.finish(
-            succeeded=False,
-            reason="InvalidTraining",
-            message="the training configuration is invalid for this job, no pod started: "
-            + "; ".join(map(str, problems)),
-        )
-        return
-    problems = schema.container_problems(job)
-    if problems:
-        status.finish(
-            succeeded=False,
-            reason="InvalidTemplate",
-            message="a template does not say which container jaxps runs in, no pod started: "
-            + "; ".join(map(str, problems)),
-        )
-        return
-    problems = schema.setting_problems(job)
-    if problems:
-        status.finish(
-            succeeded=False,
-            reason="InvalidTemplate",
-            message="a template sets a jaxps variable to a value the runtime refuses, no pod "
-            "started: " + "; ".join(map(str, problems)),
-        )
-        return
+    for check, reason, why in (
+        (
+            schema.training_problems,
+            "InvalidTraining",
+            "the training configuration is invalid for this job",
+        ),
+        (
+            schema.container_problems,
+            "InvalidTemplate",
+            "a template does not say which container jaxps runs in",
+        ),
+        (
+            schema.setting_problems,
+            "InvalidTemplate",
+            "a template sets a jaxps variable to a value the runtime refuses",
+        ),
+    ):
+        problems = check(job)
+        if problems:
+            status.finish(
+                succeeded=False,
+                reason=reason,
+                message=f"{why}, no pod started: " + "; ".join(map(str, problems)),
+            )
+            return
     pods = {(p.role, p.index): p for p in observed}
     who = success.succeeded(job, pods)
     if who is not None:  # the outcome is recorded: no pod failing now changes it
