@@ -121,8 +121,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 @pytest.fixture(scope="package")
 def crd(cluster: Cluster) -> Cluster:
     cluster.kubectl("apply", "-f", str(ROOT / "crds" / "trainingjob.yaml"))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/trainingjobs.jaxps.dev", "--timeout=60s"
+    # not `kubectl wait --for=condition=Established`: on a CRD whose status the API server has
+    # not written yet it fails at once (".status.conditions accessor error: <nil>"), seen
+    # when the cluster tier ran beside the e2e tier's start
+    established = '{.status.conditions[?(@.type=="Established")].status}'
+    wait_for(
+        lambda: (
+            cluster.kubectl(
+                "get", "crd", "trainingjobs.jaxps.dev", "-o", f"jsonpath={established}"
+            ).strip()
+            == "True"
+        ),
+        timeout=60,
+        interval=0.25,
+        what="CRD trainingjobs.jaxps.dev Established",
     )
     return cluster
 
