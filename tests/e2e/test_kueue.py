@@ -295,11 +295,16 @@ def test_two_jobs_against_a_quota_for_one_run_one_after_the_other(jobs: E2eJobs)
         assert worker["metadata"]["labels"][kueue.PODSET_LABEL] == "worker"
 
 
+LOW_STEPS = 12_000
+
+
 def test_a_high_priority_job_preempts_a_low_one_which_resumes_from_its_checkpoint(
     jobs: E2eJobs,
 ) -> None:
     with queues(jobs, cpu=QUOTA_ONE_JOB) as q:
-        low = queued_job("low", queue=q.local, priority=q.low, steps=3000)
+        # long enough that high's admission preempts it before it ends: 3000 steps of this
+        # small mlp took ~20 s, and low Succeeded 3 s after high was created (seen on 3 workers)
+        low = queued_job("low", queue=q.local, priority=q.low, steps=LOW_STEPS)
         high = queued_job("high", queue=q.local, priority=q.high, steps=300)
         with Timeline(jobs, ["low", "high"]) as timeline:
             start(jobs, low)
@@ -327,7 +332,7 @@ def test_a_high_priority_job_preempts_a_low_one_which_resumes_from_its_checkpoin
         assert resumed["how"] == "restored", resumed
         # the checkpoint written when it was preempted, not an older one
         assert resumed["step"] >= at_preemption, (resumed, at_preemption)
-        assert done["status"]["progress"]["step"] == 3000
+        assert done["status"]["progress"]["step"] == LOW_STEPS
         assert not jobs.condition("low", "Preempted")
         assert jobs.condition("low", "Admitted")
 
@@ -449,5 +454,5 @@ def test_suspend_deactivates_the_workload_and_resume_requeues_it_from_the_checkp
         phase(f"suspended at step >= {at_suspend} under Kueue; resumed from {resumed}")
         assert resumed["how"] == "restored", resumed
         assert resumed["step"] >= at_suspend, (resumed, at_suspend)
-        assert done["status"]["progress"]["step"] == 3000
+        assert done["status"]["progress"]["step"] == LOW_STEPS
         assert not jobs.condition("paused", "Preempted")  # the job's own suspend
