@@ -251,6 +251,18 @@ def reconcile(
         or (("NameTaken", children.taken[0]) if children.taken else None),
     )
     status = plan.status
+    # the Workload first: whoever reads the job's Succeeded or Failed finds its quota given back
+    if queue is not None and workloads is not None and not queue.admission.problem:
+        for action in kueue.actions(
+            {**job, "status": status},
+            state=status["state"],
+            wl=queue.workload,
+            desired=queue.desired,
+            pods=children.pods,
+            now=now,
+        ):
+            log.info("TrainingJob %s/%s: Workload %s: %s", namespace, name, action.verb, action.why)
+            workloads.apply(action)
     if status != job["status"]:
         cluster.write_status(raw, status)
     gone = list(parallel(lambda n: cluster.delete_pod(job, n), plan.delete))
@@ -275,17 +287,6 @@ def reconcile(
         plan.events.append(Event("Normal", "Created", f"created {', '.join(created)}"))
     for event in plan.events:
         cluster.post_event(raw, event)
-    if queue is not None and workloads is not None and not queue.admission.problem:
-        for action in kueue.actions(
-            {**job, "status": status},
-            state=status["state"],
-            wl=queue.workload,
-            desired=queue.desired,
-            pods=children.pods,
-            now=now,
-        ):
-            log.info("TrainingJob %s/%s: Workload %s: %s", namespace, name, action.verb, action.why)
-            workloads.apply(action)
     if plan.delete_job:
         log.info("TrainingJob %s/%s: ttlSecondsAfterFinished is over: deleted", namespace, name)
         cluster.delete_job(raw)
