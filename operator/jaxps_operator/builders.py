@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -174,15 +175,32 @@ def key_key(pod: str) -> str:
     return f"{pod}.key"
 
 
+DIGEST_ANNOTATION = "jaxps.dev/credentials-sha256"
+"""On the job's Secret: the digest of the data it was made with (`secret_digest`), so that a
+Secret changed while the job runs is noticed (its tasks hold the keys it had)."""
+
+
 def secret(job: Mapping[str, Any], files: Mapping[str, bytes]) -> dict[str, Any]:
-    """The job's credentials: its CA (`ca.crt`) and each task's `<pod>.crt` and `<pod>.key`."""
+    """The job's credentials: its CA (`ca.crt`) and each task's `<pod>.crt` and `<pod>.key`,
+    with the digest of them all (`DIGEST_ANNOTATION`)."""
+    data = {k: base64.b64encode(v).decode() for k, v in sorted(files.items())}
+    metadata = owned(job, secret_name(job))
+    metadata["annotations"] = {DIGEST_ANNOTATION: secret_digest(data)}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": owned(job, secret_name(job)),
-        "data": {k: base64.b64encode(v).decode() for k, v in sorted(files.items())},
+        "metadata": metadata,
+        "data": data,
     }
+
+
+def secret_digest(data: Mapping[str, str]) -> str:
+    """The sha256 of a Secret's data (base64 values, as the API serves them), in key order."""
+    digest = hashlib.sha256()
+    for key in sorted(data):
+        digest.update(f"{len(key)}:{key}={len(data[key])}:{data[key]};".encode())
+    return digest.hexdigest()
 
 
 def network_policy(job: Mapping[str, Any]) -> dict[str, Any]:

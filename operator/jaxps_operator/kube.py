@@ -52,6 +52,8 @@ log = logging.getLogger("jaxps.operator")
 # after, in the background (a pass per pod event read them all each time): one deleted by hand
 # is made again by the pass that follows the first read after it.
 KEPT_FOR = 30.0
+NODE_READ_SECONDS = 5.0
+"""A node's readiness is read again after this: one GET per node, not per pod or pass."""
 KEPT_MAX = 10_000
 GONE_MAX = 10_000  # pods whose deletion is remembered (against late events)
 
@@ -212,7 +214,33 @@ def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
         foreign=foreign,
         disruption=_disruption(status),
         starting=not why and phase == "Pending" and _scheduled(pod) and _not_started(pod, main),
+        node=str((pod.get("spec") or {}).get("nodeName") or ""),
     )
+
+
+def secret_changed(secret: Mapping[str, Any]) -> str:
+    """How the job's Secret differs from what the operator made: "" when its data has the
+    digest it was made with (`builders.DIGEST_ANNOTATION`), or it has none (made by an earlier
+    operator, which gave none: an upgrade fails no running job)."""
+    made = ((secret.get("metadata") or {}).get("annotations") or {}).get(builders.DIGEST_ANNOTATION)
+    if made is not None and builders.secret_digest(secret.get("data") or {}) != made:
+        return f"its data no longer has the digest it was made with ({builders.DIGEST_ANNOTATION})"
+    return ""
+
+
+def _not_ready(node: Mapping[str, Any]) -> tuple[str, datetime] | None:
+    """A node's Ready condition when it is not True: "Ready=Unknown NodeStatusUnknown: Kubelet
+    stopped posting node status.", and since when (None when Ready, or never said)."""
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") != "Ready":
+            continue
+        if c.get("status") == "True":
+            return None
+        since = parse_time(c.get("lastTransitionTime")) or datetime.now(UTC)
+        said = f"Ready={c.get('status')} {c.get('reason') or ''}".rstrip()
+        words = str(c.get("message") or "").strip()
+        return (f"{said}: {words}" if words else said), since
+    return None
 
 
 def _disruption(status: Mapping[str, Any]) -> str:
@@ -323,7 +351,12 @@ def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
                 for c in (pod.get("spec") or {}).get("initContainers") or []
                 if c.get("restartPolicy") == "Always"
             ],
-        },
+        }
+        | (
+            {"nodeName": spec["nodeName"]}
+            if (spec := pod.get("spec") or {}).get("nodeName")
+            else {}
+        ),
         "status": {
             k: status[k]
             for k in (
@@ -368,6 +401,9 @@ class KubeCluster:
         # (namespace, pod) -> (its uid, when this operator deleted it)
         self._deleted: dict[tuple[str, str], tuple[str, str]] = {}
         self._gone: dict[tuple[str, str], int] = {}  # (namespace, pod) -> version deleted at
+        # node -> (until, why it is not Ready and since when, or None): see `_node_lost`
+        self._nodes: dict[str, tuple[float, tuple[str, datetime] | None]] = {}
+        self._nodes_unread = False
 
     @property
     def api(self) -> Api:
@@ -382,15 +418,16 @@ class KubeCluster:
         namespace = meta["namespace"]
         keys = self._kept(job)
         taken: list[str] = []
+        changed: list[str] = []
         if keys is None:  # read what is not known to exist: the Secret, NetworkPolicy, Service
-            keys, network_policy, service = self._read_children(job, taken=taken)
-            if keys is not None and network_policy and service:
+            keys, network_policy, service = self._read_children(job, taken=taken, changed=changed)
+            if keys is not None and network_policy and service and not changed:
                 self._keep(meta, keys)
         else:
             service = network_policy = True
         uid = meta.get("uid", "")
         states = [
-            self._why_starting(namespace, s, p)
+            self._on_lost_node(self._why_starting(namespace, s, p))
             for p in self.pods(namespace, meta["name"])
             if (s := pod_state(p, uid)) is not None
         ]
@@ -401,7 +438,45 @@ class KubeCluster:
             network_policy=network_policy,
             issued_workers=capacity.issued_workers(keys, job) if keys is not None else None,
             taken=taken,
+            secret_changed=changed[0] if changed else "",
         )
+
+    def _on_lost_node(self, state: PodState) -> PodState:
+        """A scheduled pod that is not ready (Kubernetes marks a lost node's pods so) on a node
+        whose Ready condition is not True: that, and since when (`policy.node`)."""
+        if state.ready or not state.node or state.phase not in ("Pending", "Running"):
+            return state
+        lost = self._node_lost(state.node)
+        if lost is None:
+            return state
+        return dataclasses.replace(state, node_lost=lost[0], node_lost_since=lost[1])
+
+    def _node_lost(self, name: str) -> tuple[str, datetime] | None:
+        """Why node `name` is not Ready and since when; None when it is (or cannot be read: no
+        RBAC for nodes). One GET per node every NODE_READ_SECONDS, whatever its pods."""
+        now = time.monotonic()
+        with self._lock:
+            kept = self._nodes.get(name)
+        if kept is not None and kept[0] > now:
+            return kept[1]
+        try:
+            node = self.api.call("GET", f"/api/v1/nodes/{name}") or {}
+        except ApiError as err:
+            if err.status == 404:  # deleted: lost since it was first found gone
+                since = kept[1][1] if kept is not None and kept[1] is not None else None
+                lost = ("the node is deleted", since or datetime.now(UTC))
+            else:
+                if not self._nodes_unread:
+                    log.warning("node %s not read (lost nodes go unnoticed): %s", name, err)
+                self._nodes_unread = True
+                lost = None
+        else:
+            lost = _not_ready(node)
+        with self._lock:
+            if len(self._nodes) > KEPT_MAX:
+                self._nodes.clear()
+            self._nodes[name] = (now + NODE_READ_SECONDS, lost)
+        return lost
 
     def _why_starting(self, namespace: str, state: PodState, pod: Mapping[str, Any]) -> PodState:
         """What the kubelet said of a pod, where its status does not: a pod `starting` for
@@ -536,8 +611,9 @@ class KubeCluster:
     def _recheck(self, job: Mapping[str, Any]) -> None:
         meta = job["metadata"]
         try:
-            keys, network_policy, service = self._read_children(job, at_once=False)
-            there = keys is not None and network_policy and service
+            changed: list[str] = []
+            keys, network_policy, service = self._read_children(job, at_once=False, changed=changed)
+            there = keys is not None and network_policy and service and not changed
         except Exception as err:  # the pass reads them itself, and says what went wrong
             log.info(
                 "TrainingJob %s/%s: its children read again: %s",
@@ -561,12 +637,18 @@ class KubeCluster:
                 del self._known[key]
 
     def _read_children(
-        self, job: Mapping[str, Any], *, at_once: bool = True, taken: list[str] | None = None
+        self,
+        job: Mapping[str, Any],
+        *,
+        at_once: bool = True,
+        taken: list[str] | None = None,
+        changed: list[str] | None = None,
     ) -> tuple[list[str] | None, bool, bool]:
         """The keys of the job's Secret (None without one), and whether its NetworkPolicy (or
         none is wanted) and its Service exist: three reads, two of them on `reads` beside the
         third when `at_once` (not from a task of `reads` itself, which could wait on its own).
-        One that is someone else's reads as missing, and what it is goes to `taken`."""
+        One that is someone else's reads as missing, and what it is goes to `taken`; a Secret
+        whose data is not what it was made with says how in `changed`."""
         meta = job["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         taken = [] if taken is None else taken
@@ -581,7 +663,12 @@ class KubeCluster:
         def secret() -> list[str] | None:
             path = namespaced(namespace, "secrets", builders.secret_name(job))
             found = self._ours(job, path, taken)
-            return sorted((found.get("data") or {}).keys()) if found is not None else None
+            if found is None:
+                return None
+            data = found.get("data") or {}
+            if changed is not None and (why := secret_changed(found)):
+                changed.append(why)
+            return sorted(data.keys())
 
         if not at_once:
             return secret(), policy(), service()
@@ -754,11 +841,16 @@ class KubeCluster:
             name = path.rsplit("/", 1)[1]
             raise NameTakenError(f"{kind} {name} {why}")
 
-    def delete_pod(self, job: Mapping[str, Any], name: str) -> bool:
-        """Deletes a pod; False when it was already gone."""
+    def delete_pod(self, job: Mapping[str, Any], name: str, *, force: bool = False) -> bool:
+        """Deletes a pod (`force`: at once, grace period 0, for a pod on a lost node, whose
+        kubelet cannot confirm it ended); False when it was already gone."""
         namespace = job["metadata"]["namespace"]
         try:
-            deleted = self.api.call("DELETE", namespaced(namespace, "pods", name))
+            deleted = self.api.call(
+                "DELETE",
+                namespaced(namespace, "pods", name),
+                query={"gracePeriodSeconds": "0"} if force else None,
+            )
         except ApiError as err:
             if err.status == 404:
                 return False

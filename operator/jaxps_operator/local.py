@@ -378,7 +378,7 @@ class LocalCluster:
         self._start(manifest)
         return True
 
-    def delete_pod(self, job: Mapping[str, Any], name: str) -> bool:
+    def delete_pod(self, job: Mapping[str, Any], name: str, *, force: bool = False) -> bool:
         proc = self.processes.get(name)
         if proc is None:
             return False

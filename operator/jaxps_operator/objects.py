@@ -65,6 +65,11 @@ class PodState:
     # not the job's, nor one of a TrainingJob of the same name that is going: someone else's
     # object with the job's pod name and labels (never adopted: the job fails NameTaken)
     foreign: bool = False
+    node: str = ""  # spec.nodeName: where it was scheduled
+    # its node is not Ready (the Kubernetes backend reads it for a pod not ready): the node's
+    # Ready condition's status, reason and words, and since when (the condition's last change)
+    node_lost: str = ""
+    node_lost_since: datetime | None = None
 
     @property
     def oom_killed(self) -> bool:
@@ -82,6 +87,7 @@ class Plan:
 
     create: list[dict[str, Any]] = field(default_factory=list)  # Service and pod manifests
     delete: list[str] = field(default_factory=list)  # pod names
+    force: list[str] = field(default_factory=list)  # of `delete`: those deleted at once (grace 0)
     status: dict[str, Any] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     replaced: list[tuple[str, int]] = field(default_factory=list)  # (role, index) of each

@@ -25,8 +25,9 @@ running it twice on the same input gives the same Plan. One pass, in order:
    deadline (`policy.deadline`, counted from the admission) and every missing pod, placed on
    the admitted flavors; a pod is never recreated while its predecessor is still terminating;
 5. failed pods (`policy.restart`): replaced, or the job fails (at once for a final exit code);
-6. pods that wait (`policy.schedule`), the Restarting, Running and PodsReady conditions, and
-   the Stalled backstop (`policy.stall`);
+6. pods on a lost node (`policy.node`): said while their node is NotReady, deleted at once
+   and replaced past `nodeLostSeconds`; pods that wait (`policy.schedule`), the Restarting,
+   Running and PodsReady conditions, and the Stalled backstop (`policy.stall`);
 7. once finished: the TTL (`policy.deadline`) and `policy.cleanup`.
 
 Where TFJob hurts, see research/tfjob-anchor.md.
@@ -45,6 +46,7 @@ from jaxps_operator.policy import admission as admission_policy
 from jaxps_operator.policy import (
     cleanup,
     deadline,
+    node,
     restart,
     scale,
     schedule,
@@ -107,8 +109,8 @@ def plan(
     what Kueue says of a job in a queue (None: the job is not Kueue's); `issued_workers`: the
     workers its credentials hold certificates for (None: none issued yet); `refused`: (reason,
     words) when a child of the job could not be made: the API server refused it as invalid
-    (InvalidTemplate), or its name is held by an object the job does not own (NameTaken); the
-    job fails.
+    (InvalidTemplate), or its name is held by an object the job does not own (NameTaken), or
+    its Secret was changed while it ran (SecretChanged); the job fails.
 
     The job runs with its worker replicas cut to what it may have (`capacity.within`); the
     workers past them are leaving (`policy.scale`): deleted, and seen by no other policy."""
@@ -157,7 +159,7 @@ def plan(
             succeeded=False,
             reason=reason,
             message=words
-            if reason == "NameTaken"
+            if reason in ("NameTaken", "SecretChanged")
             else f"the API server refused a child of this job as invalid: {words}",
         )
     if not status.finished:
@@ -284,7 +286,8 @@ def _run(
                 return
             restarting.append(f"{role} {index}")
 
-    waits = schedule.apply(job, pods=observed, status=status, plan=out)
+    on_lost_node = node.apply(job, pods=observed, status=status, plan=out)
+    waits = schedule.apply(job, pods=observed, status=status, plan=out) or on_lost_node
     if status.finished:
         return
     _progressing(job, pods=pods, restarting=restarting, status=status, waits=waits)

@@ -42,6 +42,7 @@ class Children:
     network_policy: bool = True
     issued_workers: int | None = None
     taken: list[str] = field(default_factory=list)  # its names held by someone else's objects
+    secret_changed: str = ""  # how the Secret of its credentials differs from what was made
 
 
 class ConflictError(Exception):
@@ -89,8 +90,9 @@ class Cluster(Protocol):
         """Creates a Pod or the Service; False when it already exists. Raises `RefusedError`
         when the API server refuses it as invalid (400, 422): no retry would change that."""
 
-    def delete_pod(self, job: Mapping[str, Any], name: str) -> bool:
-        """Deletes a pod (gracefully); False when it was already gone."""
+    def delete_pod(self, job: Mapping[str, Any], name: str, *, force: bool = False) -> bool:
+        """Deletes a pod, gracefully, or at once with `force` (a pod on a lost node); False
+        when it was already gone."""
 
     def write_status(self, job: Mapping[str, Any], status: Mapping[str, Any]) -> None:
         """Writes the status of `job` as it was read; `ConflictError` if it changed since."""
@@ -248,7 +250,8 @@ def reconcile(
         admission=queue.admission if queue is not None else None,
         issued_workers=issued,
         refused=_refusal(validator.refused.get(str(job["metadata"].get("uid", ""))))
-        or (("NameTaken", children.taken[0]) if children.taken else None),
+        or (("NameTaken", children.taken[0]) if children.taken else None)
+        or (_secret_changed(job, children.secret_changed) if children.secret_changed else None),
     )
     status = plan.status
     # the Workload first: whoever reads the job's Succeeded or Failed finds its quota given back
@@ -265,7 +268,7 @@ def reconcile(
             workloads.apply(action)
     if status != job["status"]:
         cluster.write_status(raw, status)
-    gone = list(parallel(lambda n: cluster.delete_pod(job, n), plan.delete))
+    gone = list(parallel(lambda n: cluster.delete_pod(job, n, force=n in plan.force), plan.delete))
     deleted = [n for n, ok in zip(plan.delete, gone, strict=True) if ok]
     made = list(parallel(lambda m: _create(cluster, job, m), plan.create))
     created = [
@@ -367,6 +370,16 @@ def _was_queued(job: Mapping[str, Any]) -> bool:
     return any(
         c.get("type") in ("Queued", "Admitted")
         for c in (job.get("status") or {}).get("conditions") or []
+    )
+
+
+def _secret_changed(job: Mapping[str, Any], how: str) -> tuple[str, str]:
+    return (
+        "SecretChanged",
+        f"the job's Secret {builders.secret_name(job)} (its tasks' TLS credentials) was changed "
+        f"while the job ran: {how}; its tasks hold the keys it was made with, and a pod started "
+        "now would hold keys its peers may not trust. Run the job again (it resumes from its "
+        "last checkpoint); to rotate a job's credentials, suspend it and delete the Secret",
     )
 
 

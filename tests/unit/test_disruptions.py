@@ -5,10 +5,16 @@ killed for a failing liveness probe says so."""
 from __future__ import annotations
 
 import dataclasses
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from jaxps_operator import kube
-from tests.unit.test_planner import job, pods, step
+import yaml
+
+from jaxps_operator import builders, kube
+from jaxps_operator.objects import PodState
+from jaxps_operator.policy import node as node_policy
+from tests.unit.test_planner import NOW, cond, job, pods, step
 
 
 def _failed(condition: dict[str, Any] | None) -> dict[str, Any]:
@@ -86,3 +92,104 @@ def test_a_liveness_kill_counts_as_a_failure_and_says_so() -> None:
     failed = next(c for c in result.status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "BackoffLimitExceeded"
     assert "LivenessProbeFailed: Liveness probe failed" in failed["message"]
+
+
+def _lost(state: PodState, since: datetime) -> PodState:
+    return dataclasses.replace(
+        state,
+        ready=False,
+        node="node-a",
+        node_lost="Ready=Unknown NodeStatusUnknown: Kubelet stopped posting node status.",
+        node_lost_since=since,
+    )
+
+
+def test_a_pod_whose_node_is_not_ready_is_said_then_deleted_at_once_past_node_lost_seconds() -> (
+    None
+):
+    j = job(ps=1, workers=2, run={"backoffLimit": 0, "nodeLostSeconds": 30})
+    step(j, pods(j))
+    ps, worker0, worker1 = pods(j)
+    down = _lost(worker1, NOW - timedelta(seconds=10))
+    waiting = step(j, [ps, worker0, down])
+    ready = cond(waiting.status, "PodsReady")
+    assert ready is not None
+    assert ready["status"] == "False"
+    assert ready["reason"] == "NodeNotReady"
+    assert "pod tj-worker-1 (worker 1) is on node node-a, NotReady since" in ready["message"]
+    assert "Kubelet stopped posting node status" in ready["message"]
+    assert waiting.delete == []
+    assert waiting.force == []
+    assert waiting.requeue_after is not None
+    assert waiting.requeue_after <= 20
+    assert [e.reason for e in waiting.events] == ["NodeNotReady"]
+    # the same again: no second Event
+    assert [e.reason for e in step(j, [ps, worker0, down]).events] == []
+    lost = step(j, [ps, worker0, down], now=NOW + timedelta(seconds=21))
+    assert lost.delete == [worker1.name]
+    assert lost.force == [worker1.name]
+    assert lost.status["state"] != "Failed"  # Kubernetes' doing: not against backoffLimit 0
+    assert lost.status["restarts"] == 1
+    [event] = [e for e in lost.events if e.reason == "NodeLost"]
+    assert "past runPolicy.nodeLostSeconds (30 s)" in event.message
+    assert "node node-a" in event.message
+    # gone: its replacement is created, nothing counted twice
+    again = step(j, [ps, worker0], now=NOW + timedelta(seconds=22))
+    assert [m["metadata"]["name"] for m in again.create if m["kind"] == "Pod"] == [worker1.name]
+    assert again.status["restarts"] == 1
+
+
+def test_a_terminating_pod_on_a_lost_node_is_deleted_at_once_and_not_counted_again() -> None:
+    j = job(ps=1, workers=2)
+    step(j, pods(j))
+    ps, worker0, worker1 = pods(j)
+    stuck = dataclasses.replace(
+        _lost(worker1, NOW - timedelta(seconds=61)), deleting=True
+    )  # the default nodeLostSeconds: 60
+    result = step(j, [ps, worker0, stuck])
+    assert result.force == [worker1.name]
+    assert result.status["restarts"] == 0
+
+
+def test_a_pod_on_a_ready_node_is_left_alone() -> None:
+    ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert kube._not_ready(ready) is None
+    unknown = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "Unknown",
+                    "reason": "NodeStatusUnknown",
+                    "message": "Kubelet stopped posting node status.",
+                    "lastTransitionTime": "2026-01-02T03:04:05Z",
+                }
+            ]
+        }
+    }
+    said = kube._not_ready(unknown)
+    assert said is not None
+    assert said[0] == "Ready=Unknown NodeStatusUnknown: Kubelet stopped posting node status."
+    assert said[1] == datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+def test_the_crds_default_node_lost_seconds_is_the_operators() -> None:
+    crd = yaml.safe_load(Path("crds/trainingjob.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    field = spec["properties"]["runPolicy"]["properties"]["nodeLostSeconds"]
+    assert field["default"] == node_policy.DEFAULT_SECONDS
+
+
+def test_a_secret_whose_data_changed_is_told_from_the_one_the_operator_made() -> None:
+    j = job()
+    made = builders.secret(j, {"ca.crt": b"ca", "tj-ps-0.key": b"key"})
+    assert kube.secret_changed(made) == ""
+    changed = {**made, "data": {**made["data"], "tj-ps-0.key": "b3RoZXI="}}
+    assert "no longer has the digest it was made with" in kube.secret_changed(changed)
+    added = {**made, "data": {**made["data"], "extra": "eA=="}}
+    assert kube.secret_changed(added) != ""
+    # made by an operator that gave no digest: not taken for changed
+    older = {**made, "metadata": {**made["metadata"], "annotations": {}}}
+    assert kube.secret_changed(older) == ""
+    # the key and value boundaries are part of the digest
+    assert builders.secret_digest({"ab": "c"}) != builders.secret_digest({"a": "bc"})

@@ -268,19 +268,27 @@ class ReadChildren(kube.KubeCluster):
     def __init__(self, there: tuple[list[str] | None, bool, bool]) -> None:
         super().__init__(api=None)
         self.there = there
+        self.changed = ""  # how the Secret was changed, when it was
         self.reads_made = 0
 
     def _read_children(
-        self, job: Any, *, at_once: bool = True, taken: list[str] | None = None
+        self,
+        job: Any,
+        *,
+        at_once: bool = True,
+        taken: list[str] | None = None,
+        changed: list[str] | None = None,
     ) -> tuple[list[str] | None, bool, bool]:
         self.reads_made += 1
+        if self.changed and changed is not None:
+            changed.append(self.changed)
         return self.there
 
 
 JOB = {"metadata": {"namespace": "ns", "name": "tj", "uid": "u1"}, "spec": {}}
 
 
-@pytest.mark.parametrize("gone", ["secret", "network policy", "service"])
+@pytest.mark.parametrize("gone", ["secret", "network policy", "service", "secret changed"])
 def test_children_read_again_in_the_background_once_due_and_one_gone_asks_for_a_pass(
     monkeypatch: pytest.MonkeyPatch, gone: str
 ) -> None:
@@ -294,6 +302,9 @@ def test_children_read_again_in_the_background_once_due_and_one_gone_asks_for_a_
     cluster._keep(JOB["metadata"], ["tj-chief-0.crt"])
     keys: list[str] | None = None if gone == "secret" else ["tj-chief-0.crt"]
     cluster.there = (keys, gone != "network policy", gone != "service")
+    cluster.changed = "its data no longer has the digest it was made with" * (
+        gone == "secret changed"
+    )
     assert cluster._kept(JOB) == ["tj-chief-0.crt"]  # this pass goes on with what was read
     cluster.reads.shutdown(wait=True)  # the read again is done
     assert cluster.reads_made == 1

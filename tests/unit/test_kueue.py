@@ -939,7 +939,7 @@ class Nodes(Memory):
             self.manifests[manifest["metadata"]["name"]] = copy.deepcopy(dict(manifest))
         return made
 
-    def delete_pod(self, job: Mapping[str, Any], name: str) -> bool:
+    def delete_pod(self, job: Mapping[str, Any], name: str, *, force: bool = False) -> bool:
         self.deleted.append(name)
         p = self.pods.get(name)
         if p is None or p.deleting:

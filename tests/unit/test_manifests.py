@@ -226,6 +226,7 @@ def test_defaults_are_applied_as_the_apiserver_applies_them() -> None:
     assert job["spec"]["runPolicy"] == {
         "backoffLimit": 6,
         "cleanPodPolicy": "Running",
+        "nodeLostSeconds": 60,
         "suspend": False,
     }
     assert job["spec"]["successPolicy"] == "chief"

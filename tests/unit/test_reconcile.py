@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from jaxps_operator import builders, capacity, issuer, reconcile, schema
+from jaxps_operator import builders, capacity, issuer, kube, reconcile, schema
 from jaxps_operator.conditions import Event
 from jaxps_operator.objects import PodState
 from jaxps_operator.policy import cleanup
@@ -59,6 +59,9 @@ class Memory:
             )
             if self.secrets
             else None,
+            secret_changed=next(
+                (why for s in self.secrets.values() if (why := kube.secret_changed(s))), ""
+            ),
         )
 
     def credentials(self, job: Mapping[str, Any], network: builders.Network) -> dict[str, bytes]:
@@ -88,7 +91,7 @@ class Memory:
         )
         return True
 
-    def delete_pod(self, job: Mapping[str, Any], name: str) -> bool:
+    def delete_pod(self, job: Mapping[str, Any], name: str, *, force: bool = False) -> bool:
         self.deleted.append(name)
         return self.pods.pop(name, None) is not None
 
@@ -501,3 +504,19 @@ def test_the_operator_leaves_the_cel_rules_to_the_apiserver_and_jaxps_local_runs
     for validator in (operator.validator, reconcile.Validator()):
         with pytest.raises(schema.InvalidManifestError, match="must be of type integer"):
             validator.job(mistyped)
+
+
+def test_a_secret_changed_while_the_job_runs_fails_it_secret_changed_naming_it() -> None:
+    memory, run = started()
+    secret = memory.secrets["tj-tls-u-1"]
+    secret["data"] = {**secret["data"], "tj-worker-1.key": base64.b64encode(b"other").decode()}
+    before = list(memory.created)
+    outcome = run()
+    assert outcome.state == "Failed"
+    failed = cond(memory, "Failed")
+    assert failed["reason"] == "SecretChanged"
+    assert (
+        "the job's Secret tj-tls-u-1 (its tasks' TLS credentials) was changed"
+        in (failed["message"])
+    )
+    assert memory.created == before  # no pod started with the changed keys
