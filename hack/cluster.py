@@ -235,6 +235,9 @@ def up(state: Path, *, address: str = "127.0.0.1", node_pki: Path | None = None)
             f"--root-ca-file={pki / 'apiserver.crt'}",
             "--use-service-account-credentials=false",
             "--concurrent-gc-syncs=5",
+            # a node silent for 20 s is NotReady (50 s by default): the e2e node's kubelet
+            # renews its lease every 5 s (hack/node.py), and a lost node's test waits less
+            "--node-monitor-grace-period=20s",
         ],
     )
     _start(

@@ -16,6 +16,10 @@
                                                             removes its pods, mounts, cgroups,
                                                             interfaces, iptables chains, state;
                                                             puts back the sysctls it changed
+    python hack/node.py kubelet-stop|kubelet-start [--dir DIR]
+                                                            the kubelet alone, stopped (its pods'
+                                                            containers run on) and started again:
+                                                            a lost node, and its return
 
 What it runs (research/real-node.md is the trial it follows):
 - a bridge `jaxps0` with 10.88.0.1/16: the pod network (CNI bridge + host-local), the node's IP
@@ -259,6 +263,9 @@ state = "{state}/containerd/state"
                 "address": GATEWAY,
                 "port": 10250,
                 "readOnlyPort": 0,
+                # a heartbeat every 5 s (a quarter of the lease): the control plane takes the
+                # node for lost 20 s after the last (--node-monitor-grace-period, hack/cluster.py)
+                "nodeLeaseDurationSeconds": 20,
                 "healthzBindAddress": "127.0.0.1",
                 "healthzPort": 10248,
                 "tlsCertFile": str(pki / "kubelet.crt"),
@@ -463,6 +470,34 @@ def up(state: Path, images: list[Path]) -> None:
         t = time.monotonic()
         _ctr(state, "images", "import", str(tar))  # unpacked now: the first pod waits less
         log(f"imported {tar.name} in {time.monotonic() - t:.1f} s")
+    start_kubelet(state)
+    _start(state, "coredns", [str(bin_dir / "coredns"), "-conf", str(state / "etc" / "Corefile")])
+    _wait(
+        state,
+        "coredns",
+        lambda: _dns_answers("kubernetes.default.svc.cluster.local"),
+        "DNS answers",
+    )
+    _start(
+        state,
+        "kube-proxy",
+        [str(bin_dir / "kube-proxy"), f"--config={state / 'etc' / 'kube-proxy.json'}"],
+    )
+    _wait(
+        state,
+        "kube-proxy",
+        lambda: cluster._get("http://127.0.0.1:10256/healthz")[0] == 200,
+        "127.0.0.1:10256/healthz",
+    )
+    log(f"node {node_name()} up in {time.monotonic() - t0:.1f} s at {server}")
+    print(f"KUBECONFIG={kubeconfig}")
+
+
+def start_kubelet(state: Path) -> None:
+    """Starts the node's kubelet and waits until the node is Ready (at `up`, and again after
+    `kubelet-stop`: a test of a lost node stops it and brings it back)."""
+    bin_dir = cluster.binaries()
+    kubeconfig = state / "kubeconfig"
     _start(
         state,
         "kubelet",
@@ -493,26 +528,6 @@ def up(state: Path, images: list[Path]) -> None:
         ),
         f"node {node_name()} Ready",
     )
-    _start(state, "coredns", [str(bin_dir / "coredns"), "-conf", str(state / "etc" / "Corefile")])
-    _wait(
-        state,
-        "coredns",
-        lambda: _dns_answers("kubernetes.default.svc.cluster.local"),
-        "DNS answers",
-    )
-    _start(
-        state,
-        "kube-proxy",
-        [str(bin_dir / "kube-proxy"), f"--config={state / 'etc' / 'kube-proxy.json'}"],
-    )
-    _wait(
-        state,
-        "kube-proxy",
-        lambda: cluster._get("http://127.0.0.1:10256/healthz")[0] == 200,
-        "127.0.0.1:10256/healthz",
-    )
-    log(f"node {node_name()} up in {time.monotonic() - t0:.1f} s at {server}")
-    print(f"KUBECONFIG={kubeconfig}")
 
 
 def _dns_answers(name: str) -> bool:
@@ -756,7 +771,12 @@ def install_kueue(state: Path) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("up", "down"))
+    parser.add_argument(
+        "action",
+        choices=("up", "down", "kubelet-stop", "kubelet-start"),
+        help="kubelet-stop and kubelet-start: the node's kubelet alone (its pods' containers "
+        "run on), as a lost node's would stop answering, and back",
+    )
     parser.add_argument("--dir", type=Path, default=ROOT / ".cluster")
     parser.add_argument(
         "--image", type=Path, action="append", default=[], help="an OCI tarball to import"
@@ -771,6 +791,15 @@ def main() -> int:
     state = args.dir.resolve()
     if args.action == "down":
         down(state)
+        return 0
+    if args.action == "kubelet-stop":
+        _stop(state, "kubelet")
+        log("kubelet stopped")
+        return 0
+    if args.action == "kubelet-start":
+        started = time.monotonic()
+        start_kubelet(state)
+        log(f"kubelet started: node {node_name()} Ready in {time.monotonic() - started:.1f} s")
         return 0
     if (state / "pids").exists():
         raise SystemExit(f"{state} holds a cluster: `python hack/node.py down --dir {state}` first")

@@ -215,6 +215,7 @@ def pod_state(pod: Mapping[str, Any], owner_uid: str) -> PodState | None:
         disruption=_disruption(status),
         starting=not why and phase == "Pending" and _scheduled(pod) and _not_started(pod, main),
         node=str((pod.get("spec") or {}).get("nodeName") or ""),
+        uid=str(meta.get("uid") or ""),
     )
 
 

@@ -66,6 +66,7 @@ class PodState:
     # object with the job's pod name and labels (never adopted: the job fails NameTaken)
     foreign: bool = False
     node: str = ""  # spec.nodeName: where it was scheduled
+    uid: str = ""
     # its node is not Ready (the Kubernetes backend reads it for a pod not ready): the node's
     # Ready condition's status, reason and words, and since when (the condition's last change)
     node_lost: str = ""

@@ -279,6 +279,7 @@ def _run(
                 manifest = kueue.place(manifest, admission.placement.get(role), role)
             out.create.append(manifest)
         elif p.deleting:
+            restart.on_disrupted(p, status=status, plan=out)
             restarting.append(f"{role} {index}")  # recreated once it is gone, never before
         elif p.phase == "Failed":
             restart.on_failure(job, p, status=status, plan=out)
@@ -286,6 +287,7 @@ def _run(
                 return
             restarting.append(f"{role} {index}")
 
+    restart.forget_gone(observed, status=status)
     on_lost_node = node.apply(job, pods=observed, status=status, plan=out)
     waits = schedule.apply(job, pods=observed, status=status, plan=out) or on_lost_node
     if status.finished:

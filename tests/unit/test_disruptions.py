@@ -193,3 +193,40 @@ def test_a_secret_whose_data_changed_is_told_from_the_one_the_operator_made() ->
     assert kube.secret_changed(older) == ""
     # the key and value boundaries are part of the digest
     assert builders.secret_digest({"ab": "c"}) != builders.secret_digest({"a": "bc"})
+
+
+def test_a_pod_kubernetes_deletes_itself_is_counted_once_and_said_once() -> None:
+    j = job(ps=1, workers=2, run={"backoffLimit": 0})
+    step(j, pods(j))
+    ps, worker0, worker1 = pods(j)
+    evicted = dataclasses.replace(
+        worker1,
+        uid="w1-a",
+        deleting=True,
+        disruption="EvictionByEvictionAPI: Eviction API: evicting",
+    )
+    first = step(j, [ps, worker0, evicted])
+    assert first.status["restarts"] == 1
+    assert first.status["state"] != "Failed"
+    [event] = [e for e in first.events if e.reason == "PodDisrupted"]
+    assert "worker 1 (pod tj-worker-1) was ended by Kubernetes: EvictionByEvictionAPI" in (
+        event.message
+    )
+    again = step(j, [ps, worker0, evicted])  # still terminating: nothing counted again
+    assert again.status["restarts"] == 1
+    assert not [e for e in again.events if e.reason == "PodDisrupted"]
+    gone = step(j, [ps, worker0])
+    assert "disrupted" not in gone.status  # forgotten once gone
+    assert gone.status["restarts"] == 1
+
+
+def test_a_failed_pod_kubernetes_evicted_is_not_counted_again_while_it_terminates() -> None:
+    j = job(ps=1, workers=2)
+    step(j, pods(j))
+    ps, worker0, worker1 = pods(j, worker1=("Failed", 137))
+    evicted = dataclasses.replace(
+        worker1, uid="w1-a", disruption="TerminationByKubelet: node low on memory"
+    )
+    assert step(j, [ps, worker0, evicted]).status["restarts"] == 1
+    deleting = dataclasses.replace(evicted, deleting=True)
+    assert step(j, [ps, worker0, deleting]).status["restarts"] == 1

@@ -25,6 +25,7 @@ from typing import Any
 
 from jaxps_operator.conditions import Status, stamp
 from jaxps_operator.objects import Plan, PodState
+from jaxps_operator.policy import restart
 
 DEFAULT_SECONDS = 60
 """How long a pod's node may be NotReady before the pod is taken for lost: a kubelet restarted
@@ -65,11 +66,7 @@ def apply(job: Mapping[str, Any], *, pods: Iterable[PodState], status: Status, p
         )
         if pod.deleting:  # already counted, or the job's own deletion (scale, cleanup)
             continue
-        body = status.body
-        body["restarts"] += 1
-        counts = body["replicaStatuses"][pod.role]
-        counts["restarts"] = counts.get("restarts", 0) + 1
-        plan.replaced.append((pod.role, pod.index))
+        restart.count(pod, status=status, plan=plan)
     if not waiting:
         return False
     pod, _ = waiting[0]

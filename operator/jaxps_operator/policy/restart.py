@@ -24,7 +24,7 @@ acts as OnFailure: a pod that exited 0 is done.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxps_operator import builders
@@ -90,6 +90,45 @@ def _disrupted(pod: PodState) -> bool:
     return bool(pod.disruption) and not pod.disruption.startswith("LivenessProbeFailed")
 
 
+def count(pod: PodState, *, status: Status, plan: Plan) -> None:
+    """Counts the replacement of `pod` in `status.restarts`, by role; one Kubernetes ended is
+    remembered by uid in `status.disrupted` (while it is there), so it is counted once."""
+    body = status.body
+    body["restarts"] += 1
+    counts = body["replicaStatuses"][pod.role]
+    counts["restarts"] = counts.get("restarts", 0) + 1
+    plan.replaced.append((pod.role, pod.index))
+    if _disrupted(pod) and pod.uid:
+        body.setdefault("disrupted", []).append(pod.uid)
+
+
+def on_disrupted(pod: PodState, *, status: Status, plan: Plan) -> None:
+    """A pod being deleted by Kubernetes itself (a DisruptionTarget condition: preempted by
+    the scheduler, evicted through the eviction API, by a lost node's taint): counted once as a
+    replacement, never against backoffLimit, with an Event PodDisrupted naming Kubernetes'
+    reason; it is replaced once it is gone."""
+    if not _disrupted(pod) or not pod.uid or pod.uid in status.body.get("disrupted", []):
+        return
+    count(pod, status=status, plan=plan)
+    status.event(
+        "Warning",
+        "PodDisrupted",
+        f"{pod.task} (pod {pod.name}) {_how(pod)}; replacing it once it is gone",
+    )
+
+
+def forget_gone(pods: Sequence[PodState], *, status: Status) -> None:
+    """`status.disrupted` keeps only the uids of pods still there."""
+    if "disrupted" not in status.body:
+        return
+    there = {p.uid for p in pods}
+    kept = [uid for uid in status.body["disrupted"] if uid in there]
+    if kept:
+        status.body["disrupted"] = kept
+    else:
+        del status.body["disrupted"]
+
+
 def on_failure(job: Mapping[str, Any], pod: PodState, *, status: Status, plan: Plan) -> None:
     """Replaces the failed `pod`, or ends the job; `status.finished` tells which."""
     policy = job["spec"]["replicaSpecs"][pod.role]["restartPolicy"]
@@ -144,11 +183,8 @@ def on_failure(job: Mapping[str, Any], pod: PodState, *, status: Status, plan: P
             f"{task} {_how(pod)}",
         )
         return
-    body["restarts"] += 1
-    counts = body["replicaStatuses"][pod.role]
-    counts["restarts"] = counts.get("restarts", 0) + 1
+    count(pod, status=status, plan=plan)
     plan.delete.append(pod.name)
-    plan.replaced.append((pod.role, pod.index))
     if more is not None:  # its successor, and every pod of the role after it, get `more`
         body.setdefault("memory", {})[pod.role] = more
         oom = job["spec"]["runPolicy"]["oomPolicy"]
