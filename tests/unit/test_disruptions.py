@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from jaxps_operator import builders, kube
+from jaxps_operator.kubeclient import ApiError
 from jaxps_operator.objects import PodState
 from jaxps_operator.policy import node as node_policy
 from tests.unit.test_planner import NOW, cond, job, pods, step
@@ -230,3 +231,42 @@ def test_a_failed_pod_kubernetes_evicted_is_not_counted_again_while_it_terminate
     assert step(j, [ps, worker0, evicted]).status["restarts"] == 1
     deleting = dataclasses.replace(evicted, deleting=True)
     assert step(j, [ps, worker0, deleting]).status["restarts"] == 1
+
+
+class Nodes:
+    """Answers GET /api/v1/nodes/<name> from `nodes` (a status code for an error)."""
+
+    def __init__(self, nodes: dict[str, dict[str, Any] | int]) -> None:
+        self.nodes, self.calls = nodes, 0
+
+    def call(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        self.calls += 1
+        found = self.nodes[path.rsplit("/", 1)[1]]
+        if isinstance(found, int):
+            raise ApiError(status=found, reason="refused")
+        return found
+
+
+def test_a_pods_node_is_read_once_per_interval_and_an_unreadable_one_is_not_lost() -> None:
+    down = {
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"},
+            ]
+        }
+    }
+    api = Nodes({"a": down, "b": 403, "c": 404})
+    cluster = kube.KubeCluster(api=api)  # type: ignore[arg-type]
+    pod = PodState("tj-worker-0", "worker", 0, "Running", node="a")
+    lost = cluster._on_lost_node(pod)
+    assert lost.node_lost == "Ready=Unknown NodeStatusUnknown"
+    assert lost.node_lost_since is not None
+    assert cluster._on_lost_node(dataclasses.replace(pod, name="tj-worker-1")).node_lost
+    assert api.calls == 1  # one read for both pods of node a
+    assert cluster._on_lost_node(dataclasses.replace(pod, ready=True)).node_lost == ""
+    assert cluster._on_lost_node(dataclasses.replace(pod, node="b")).node_lost == ""  # no RBAC
+    assert cluster._on_lost_node(dataclasses.replace(pod, node="c")).node_lost == (
+        "the node is deleted"
+    )
+    unscheduled = dataclasses.replace(pod, phase="Pending", node="")
+    assert cluster._on_lost_node(unscheduled) is unscheduled
