@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from jaxps_operator import builders, kueue
-from jaxps_operator.kube import namespaced
+from jaxps_operator.kube import foreign, namespaced
 from jaxps_operator.kubeclient import Api, ApiError
-from jaxps_operator.reconcile import ConflictError
+from jaxps_operator.reconcile import ConflictError, NameTakenError
 
 PLURAL = "workloads"
 CRD = f"{PLURAL}.{kueue.GROUP}"
@@ -54,6 +54,9 @@ class KubeWorkloads:
                     f"for it, or remove the label {kueue.QUEUE_LABEL}"
                 ) from err
             return None
+        why = foreign(wl, job)
+        if why is not None:  # never adopted, changed or deleted: the job fails NameTaken
+            raise NameTakenError(f"Workload {kueue.workload_name(job)} {why}")
         return wl
 
     def priority(self, group: str, kind: str, name: str) -> int | None:

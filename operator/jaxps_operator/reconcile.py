@@ -251,11 +251,17 @@ def reconcile(
         issued_workers=issued,
         refused=_refusal(validator.refused.get(str(job["metadata"].get("uid", ""))))
         or (("NameTaken", children.taken[0]) if children.taken else None)
+        or (("NameTaken", queue.taken) if queue is not None and queue.taken else None)
         or (_secret_changed(job, children.secret_changed) if children.secret_changed else None),
     )
     status = plan.status
     # the Workload first: whoever reads the job's Succeeded or Failed finds its quota given back
-    if queue is not None and workloads is not None and not queue.admission.problem:
+    if (
+        queue is not None
+        and workloads is not None
+        and not queue.admission.problem
+        and not queue.taken
+    ):
         for action in kueue.actions(
             {**job, "status": status},
             state=status["state"],
@@ -306,6 +312,7 @@ class _Queue:
     workload: dict[str, Any] | None
     desired: dict[str, Any]
     admission: kueue.Admission
+    taken: str = ""  # the Workload's name is held by one the job does not own: never touched
 
 
 def _queue(
@@ -322,10 +329,13 @@ def _queue(
     if workloads is None or kueue.queue_name(job) is None:
         return None
     problem = ""
+    taken = ""
     try:
         wl = workloads.get(job)
     except kueue.UnavailableError as err:
         wl, problem = None, str(err)
+    except NameTakenError as err:
+        wl, taken = None, str(err)
     priority = kueue.Priority()
     source = kueue.priority_source(job)
     if source is not None and wl is None and not problem and not finished:
@@ -362,6 +372,7 @@ def _queue(
         workload=wl,
         desired=desired,
         admission=kueue.admission(job, wl, desired=desired, flavors=flavors, problem=problem),
+        taken=taken,
     )
 
 

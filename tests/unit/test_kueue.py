@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from jaxps_operator import builders, kueue, planner, schema
+from jaxps_operator import builders, kueue, kueue_api, planner, reconcile, schema
 from jaxps_operator.objects import PodState
 from jaxps_operator.reconcile import ConflictError, Outcome
 from tests.unit.test_planner import NOW, pods, step
@@ -1274,3 +1274,43 @@ def test_a_suspended_job_deactivates_its_workload_and_resumes_queued_not_preempt
     queue.admit()
     run(5)
     assert sorted(memory.pods) == ["tj-ps-0", "tj-worker-0", "tj-worker-1"]
+
+
+class OneWorkload:
+    """An `Api` answering every GET with `found` (the one Workload of the job's name)."""
+
+    def __init__(self, found: dict[str, Any]) -> None:
+        self.found = found
+
+    def call(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        assert method == "GET", (method, path)
+        return copy.deepcopy(self.found)
+
+
+def test_a_workload_of_the_jobs_name_it_does_not_own_fails_it_name_taken_untouched() -> None:
+    memory, queue = Nodes(manifest()), Kueue()
+    j = copy.deepcopy(memory.job)
+    assert j is not None
+    name = kueue.workload_name(j)
+    someone = {
+        "metadata": {"name": name, "namespace": "ns", "ownerReferences": [{"uid": "other"}]},
+        "spec": {"podSets": [], "queueName": "lq"},
+    }
+    with pytest.raises(reconcile.NameTakenError, match=f"Workload {name} "):
+        kueue_api.KubeWorkloads(OneWorkload(someone)).get(j)  # type: ignore[arg-type]
+    ours = {**someone, "metadata": {**someone["metadata"], "ownerReferences": [{"uid": "u-1"}]}}
+    assert kueue_api.KubeWorkloads(OneWorkload(ours)).get(j) is not None  # type: ignore[arg-type]
+
+    def taken(job: Mapping[str, Any]) -> dict[str, Any] | None:
+        raise reconcile.NameTakenError(f"Workload {name} is not this job's")
+
+    queue.get = taken  # type: ignore[method-assign]
+    outcome = Run(memory, queue)()
+    assert outcome.state == "Failed"
+    failed = job_cond(memory, "Failed")
+    assert (failed["reason"], failed["message"]) == (
+        "NameTaken",
+        f"Workload {name} is not this job's",
+    )
+    assert queue.writes == []  # never adopted, changed or deleted
+    assert memory.pods == {}
