@@ -1292,7 +1292,7 @@ def test_a_workload_of_the_jobs_name_it_does_not_own_fails_it_name_taken_untouch
     j = copy.deepcopy(memory.job)
     assert j is not None
     name = kueue.workload_name(j)
-    someone = {
+    someone: dict[str, Any] = {
         "metadata": {"name": name, "namespace": "ns", "ownerReferences": [{"uid": "other"}]},
         "spec": {"podSets": [], "queueName": "lq"},
     }
