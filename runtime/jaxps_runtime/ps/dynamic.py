@@ -1,0 +1,392 @@
+"""A dynamic embedding table's part on one ps: rows keyed by any 64-bit id, admitted by count,
+evicted within a bound, each row's optimizer state kept, created and evicted with it.
+
+What a fixed table `[0, rows)` cannot do (research/embeddings.md): recommendation ids are
+hashes over the whole int64 space, most seen once, and a table must stay within memory while
+new ids keep arriving. This is the ps's side, pure numpy and optax, with no wire and no lock
+of its own: the ps calls `pull` from its gRPC threads and `push` from its one applier thread
+(so every write is serial and in push order), under its store's lock.
+
+- **Who owns an id**: `owner(ids, num_ps)`, a fixed 64-bit mixer (splitmix64's finalizer) of
+  the id with a salt, modulo the ps count; never `id % n`, which puts real ids' low bits (often
+  equal: hashed to even numbers, sequential) on one ps, nor Python's `hash` (`hash(-1) ==
+  hash(-2)`).
+- **Initial value = f(seed, table, id)**: `initial_rows`, counter-based from the same mixer,
+  so the same id reads the same vector on every task, after any restore, until its first
+  update (TFRA draws afresh on each lookup, Monolith per thread, DeepRec per id % 4096).
+- **Admission**: an id becomes a row once the pushes that carried it have counted `min_count`
+  occurrences (exact counts on probation, themselves bounded: the least recently counted are
+  forgotten first), or, with `probability` < 1, when a draw that is a function of (id, count)
+  says so. An id not admitted reads its initial value and its gradient is dropped (counted):
+  its value before admission is the row's value at admission.
+- **Eviction, continuous**: resident rows never exceed `max_rows`. When a push admits more
+  than the free rows, the rows it does not touch are evicted by `eviction` (`lru`: least
+  recently updated step first; `lfu`: fewest occurrences first, then least recent), ties by
+  id, in chunks (`EVICT_CHUNK` of the table) so the ordering is paid rarely. Decisions are
+  functions of the pushes applied, in order: a replayed push decides the same.
+- **Optimizer state lives with its row**: every optax leaf shaped like the table is a row of
+  the same index, reset to `tx.init`'s row on admission (adagrad starts at 0.1, not 0), and
+  snapshotted and restored with it. Leaves not shaped like the table (adam's step count) are
+  the table's, as in jaxps's fixed sparse tables.
+- **Snapshot and restore**: `snapshot` gives every array at one point (keys, values, each state
+  leaf, last step, counts, the probation); `restore` takes the snapshots of any number of ps
+  and keeps the ids this ps owns under the new ps count, so a job restored onto more or fewer
+  ps re-partitions by the hash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+import jax
+import numpy as np
+import optax
+
+from jaxps_runtime.ps.optim import Applier
+
+Eviction = Literal["lru", "lfu"]
+EVICT_CHUNK = 1 / 64
+"""When a push needs rows, at least this share of the table is evicted at once: the ordering
+of the resident rows (a sort) is then paid once per so many admissions, not on each."""
+PROBATION_PER_ROW = 4
+"""Ids counted on probation, at most, per row of the table (the least recently counted are
+forgotten past it): the admission state is bounded too."""
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_OWNER_SALT = np.uint64(0x6A09E667F3BCC909)
+_ADMIT_SALT = np.uint64(0x3C6EF372FE94F82B)
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer of each uint64 (wrapping arithmetic): a bijection whose every
+    output bit depends on every input bit."""
+    with np.errstate(over="ignore"):
+        z = x.astype(np.uint64) + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def _bits(ids: np.ndarray) -> np.ndarray:
+    """The int64 ids as their two's-complement uint64 bits (negative ids included)."""
+    return np.ascontiguousarray(ids, dtype=np.int64).view(np.uint64)
+
+
+def owner(ids: np.ndarray, num_ps: int) -> np.ndarray:
+    """The ps (0..num_ps-1) that holds each id's row."""
+    return (mix64(_bits(ids) ^ _OWNER_SALT) % np.uint64(num_ps)).astype(np.int64)
+
+
+def table_salt(seed: int, table: str) -> np.uint64:
+    """The salt of one table of one job: its seed and name, mixed."""
+    salt = np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
+    for byte in table.encode():
+        salt = mix64(np.array([salt ^ np.uint64(byte)], dtype=np.uint64))[0]
+    return np.uint64(salt)
+
+
+def initial_rows(ids: np.ndarray, *, dim: int, salt: np.uint64, scale: float) -> np.ndarray:
+    """Each id's initial row: `dim` values uniform in [-scale, scale), a function of (salt,
+    id, column) alone (float32, 24 random bits each)."""
+    base = mix64(_bits(ids) ^ salt)
+    with np.errstate(over="ignore"):
+        columns = np.arange(1, dim + 1, dtype=np.uint64) * _GOLDEN
+        bits = mix64(base[:, None] + columns[None, :])
+    unit = (bits >> np.uint64(40)).astype(np.float32) / np.float32(1 << 24)
+    return ((unit * 2 - 1) * np.float32(scale)).astype(np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One dynamic table as this ps holds it; `max_rows` is this ps's share of the job's."""
+
+    name: str
+    dim: int
+    max_rows: int
+    min_count: int = 1
+    probability: float = 1.0
+    eviction: Eviction = "lru"
+    scale: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.dim < 1:
+            problems.append(f"dim: {self.dim} is not at least 1")
+        if self.max_rows < 1:
+            problems.append(f"maxRows: {self.max_rows} per ps is not at least 1")
+        if self.min_count < 1:
+            problems.append(f"admission.minCount: {self.min_count} is not at least 1")
+        if not 0 < self.probability <= 1:
+            problems.append(f"admission.probability: {self.probability} is not in (0, 1]")
+        if self.eviction not in ("lru", "lfu"):
+            problems.append(f"eviction: {self.eviction!r} is not one of 'lru', 'lfu'")
+        if problems:
+            raise ValueError(f"embedding table {self.name!r}: " + "; ".join(problems))
+
+
+@dataclasses.dataclass
+class Counters:
+    """What the table did, since it started (restored tables start again from 0)."""
+
+    lookups: int = 0  # ids pulled
+    hits: int = 0  # of those, resident
+    admitted: int = 0
+    evicted: int = 0
+    dropped: int = 0  # gradients of ids not (or no longer) admitted
+
+
+class Table:
+    """One dynamic table's rows on one ps. Not thread-safe: the ps serialises `push` (its
+    applier thread) against `pull` and `snapshot` (its store's lock)."""
+
+    def __init__(self, spec: Spec, tx: optax.GradientTransformation) -> None:
+        self.spec = spec
+        self.applier = Applier(tx)
+        self.salt = table_salt(spec.seed, spec.name)
+        cap, dim = spec.max_rows, spec.dim
+        self.values = np.zeros((cap, dim), np.float32)
+        self.state = _host(tx.init(self.values), self.values.shape)
+        fresh = tx.init(np.zeros((1, dim), np.float32))
+        # each row-shaped leaf's value for a new row (its other leaves: None)
+        self.fresh = jax.tree_util.tree_map(
+            lambda leaf, new: np.asarray(new)[0] if np.shape(leaf) == (cap, dim) else None,
+            self.state,
+            fresh,
+        )
+        self.keys = np.zeros(cap, np.int64)
+        self.last = np.zeros(cap, np.int64)  # the step of the row's last update
+        self.count = np.zeros(cap, np.int64)  # occurrences applied, admission's included
+        self.index: dict[int, int] = {}  # id -> row
+        self.free = list(range(cap - 1, -1, -1))  # a stack: row 0 is used first
+        # ids seen but not admitted: id -> (occurrences, the step last counted)
+        self.probation: dict[int, tuple[int, int]] = {}
+        self.counters = Counters()
+
+    @property
+    def resident(self) -> int:
+        return len(self.index)
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def pull(self, ids: np.ndarray) -> np.ndarray:
+        """The rows of `ids` (unique int64): resident ones as they are, the others their initial
+        value. Counts lookups and hits; changes nothing else (eviction orders by updates only,
+        so reads, retried or not, never change what is evicted)."""
+        out = initial_rows(ids, dim=self.spec.dim, salt=self.salt, scale=self.spec.scale)
+        rows = self._rows(ids)
+        here = rows >= 0
+        out[here] = self.values[rows[here]]
+        self.counters.lookups += int(ids.size)
+        self.counters.hits += int(here.sum())
+        return out
+
+    def _rows(self, ids: np.ndarray) -> np.ndarray:
+        get = self.index.get
+        return np.fromiter((get(i, -1) for i in ids.tolist()), np.int64, count=ids.size)
+
+    # --- the applier's writes -------------------------------------------------------------
+
+    def push(self, step: int, ids: np.ndarray, counts: np.ndarray, grads: np.ndarray) -> None:
+        """Applies one push: `ids` unique, `counts` their occurrences in the batch (>= 1),
+        `grads` their gradient rows. Admits what reached admission (evicting if it must), then
+        updates every resident id's row and state; drops the gradients of the others."""
+        if ids.size == 0:
+            return
+        rows = self._rows(ids)
+        admit = self._admitted(ids[rows < 0], counts[rows < 0], step)
+        if admit.size:
+            placed = self._place(admit, keep=set(ids.tolist()))
+            rows = self._rows(ids)
+            self.counters.admitted += placed
+        here = rows >= 0
+        self.counters.dropped += int((~here).sum())
+        if not here.any():
+            return
+        rows, grads = rows[here], grads[here]
+        self.state = self.applier.sparse(self.values, self.state, rows, grads)
+        self.last[rows] = step
+        self.count[rows] += counts[here]
+
+    def _admitted(self, ids: np.ndarray, counts: np.ndarray, step: int) -> np.ndarray:
+        """Of ids not resident, those admitted by this push (counted on probation first)."""
+        spec = self.spec
+        admit = []
+        for key, n in zip(ids.tolist(), counts.tolist(), strict=True):
+            seen = self.probation.pop(key, (0, 0))[0] + int(n)
+            if seen >= spec.min_count and (
+                spec.probability >= 1 or self._draw(key, seen) < spec.probability
+            ):
+                admit.append(key)
+            else:
+                self.probation[key] = (seen, step)
+        limit = PROBATION_PER_ROW * spec.max_rows
+        if len(self.probation) > limit:  # forget the least recently counted (then by id)
+            order = sorted(self.probation.items(), key=lambda kv: (kv[1][1], kv[0]))
+            for key, _ in order[: len(self.probation) - limit]:
+                del self.probation[key]
+        return np.array(admit, dtype=np.int64)
+
+    def _draw(self, key: int, seen: int) -> float:
+        bits = mix64(_bits(np.array([key])) ^ _ADMIT_SALT ^ np.uint64(seen))[0]
+        return float(bits >> np.uint64(11)) / float(1 << 53)
+
+    def _place(self, ids: np.ndarray, *, keep: set[int]) -> int:
+        """Gives rows to `ids`, evicting rows of ids not in `keep` (this push's) when there
+        are not enough free; ids beyond what even that frees are left out. How many were
+        placed."""
+        short = ids.size - len(self.free)
+        if short > 0:
+            self._evict(max(short, int(self.spec.max_rows * EVICT_CHUNK)), keep=keep)
+        placed = ids[: len(self.free)]
+        rows = np.array([self.free.pop() for _ in range(placed.size)], dtype=np.int64)
+        if not rows.size:
+            return 0
+        self.values[rows] = initial_rows(
+            placed, dim=self.spec.dim, salt=self.salt, scale=self.spec.scale
+        )
+        self.state = jax.tree_util.tree_map(
+            lambda leaf, new: _put_rows(leaf, rows, new), self.state, self.fresh
+        )
+        self.keys[rows] = placed
+        self.last[rows] = 0
+        self.count[rows] = 0
+        self.index.update(zip(placed.tolist(), rows.tolist(), strict=True))
+        return int(rows.size)
+
+    def _evict(self, n: int, *, keep: set[int]) -> None:
+        live = np.fromiter(self.index.values(), np.int64, count=len(self.index))
+        if keep:
+            live = live[~np.isin(self.keys[live], np.fromiter(keep, np.int64, count=len(keep)))]
+        if not live.size:
+            return
+        keys, last, count = self.keys[live], self.last[live], self.count[live]
+        # np.lexsort sorts by its last key first
+        if self.spec.eviction == "lru":
+            order = np.lexsort((keys, last))
+        else:
+            order = np.lexsort((keys, last, count))
+        victims = live[order[:n]]
+        for row in victims.tolist():
+            del self.index[int(self.keys[row])]
+            self.free.append(row)
+        self.counters.evicted += int(victims.size)
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """Every array of the table at this point, rows in id order: `keys`, `values`,
+        `state/<i>` for each optimizer leaf (row-shaped ones cut to the rows), `last`,
+        `count`, and the probation (`probation/keys`, `/counts`, `/steps`)."""
+        rows = np.fromiter(self.index.values(), np.int64, count=len(self.index))
+        rows = rows[np.argsort(self.keys[rows], kind="stable")]
+        out: dict[str, np.ndarray] = {
+            "keys": self.keys[rows].copy(),
+            "values": self.values[rows].copy(),
+            "last": self.last[rows].copy(),
+            "count": self.count[rows].copy(),
+        }
+        full = self.values.shape
+        for i, leaf in enumerate(jax.tree_util.tree_leaves(self.state)):
+            out[f"state/{i}"] = (
+                np.asarray(leaf)[rows].copy() if np.shape(leaf) == full else (np.array(leaf))
+            )
+        waiting = sorted(self.probation.items())
+        out["probation/keys"] = np.array([k for k, _ in waiting], np.int64)
+        out["probation/counts"] = np.array([c for _, (c, _) in waiting], np.int64)
+        out["probation/steps"] = np.array([s for _, (_, s) in waiting], np.int64)
+        return out
+
+    def restore(
+        self, snapshots: Sequence[Mapping[str, np.ndarray]], *, ps: int, num_ps: int
+    ) -> None:
+        """Takes the rows and probation this ps owns (under `num_ps` ps) from the snapshots of
+        any number of ps (the same table, one job); a table restored onto fewer or more ps
+        re-partitions by `owner`. Past `max_rows`, the rows last updated longest ago are left
+        out, as eviction would have. Optimizer leaves not shaped like the table (a step count)
+        take the largest any snapshot has."""
+        if self.index:
+            raise ValueError(f"embedding table {self.spec.name!r}: restored onto a used table")
+        leaves, treedef = jax.tree_util.tree_flatten(self.state)
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("keys", "values", "last", "count")}
+        state_parts: list[list[np.ndarray]] = [[] for _ in leaves]
+        probation: dict[int, tuple[int, int]] = {}
+        full = self.values.shape
+        for snap in snapshots:
+            mine = owner(snap["keys"], num_ps) == ps
+            for k, found in parts.items():
+                found.append(np.asarray(snap[k])[mine])
+            for i, leaf in enumerate(leaves):
+                saved = np.asarray(snap[f"state/{i}"])
+                state_parts[i].append(saved[mine] if np.shape(leaf) == full else saved[None])
+            waiting = np.asarray(snap["probation/keys"])
+            theirs = owner(waiting, num_ps) == ps
+            for key, n, at in zip(
+                waiting[theirs].tolist(),
+                np.asarray(snap["probation/counts"])[theirs].tolist(),
+                np.asarray(snap["probation/steps"])[theirs].tolist(),
+                strict=True,
+            ):
+                probation[key] = (n, at)
+        keys = np.concatenate(parts["keys"]) if parts["keys"] else np.zeros(0, np.int64)
+        order = np.lexsort((keys, -np.concatenate(parts["last"]))) if keys.size else keys
+        order = order[: self.spec.max_rows]
+        n = int(order.size)
+        rows = np.arange(n, dtype=np.int64)
+        self.keys[rows] = keys[order]
+        self.values[rows] = np.concatenate(parts["values"])[order]
+        self.last[rows] = np.concatenate(parts["last"])[order]
+        self.count[rows] = np.concatenate(parts["count"])[order]
+        restored = []
+        for i, leaf in enumerate(leaves):
+            joined = np.concatenate(state_parts[i]) if state_parts[i] else None
+            if np.shape(leaf) == full:
+                rowed = np.array(leaf)
+                if joined is not None:
+                    rowed[rows] = joined[order]
+                restored.append(rowed)
+            elif joined is not None:  # a step count: the furthest any ps went
+                restored.append(joined.max(axis=0).astype(np.asarray(leaf).dtype))
+            else:
+                restored.append(leaf)
+        self.state = jax.tree_util.tree_unflatten(treedef, restored)
+        self.index = dict(zip(self.keys[rows].tolist(), rows.tolist(), strict=True))
+        self.free = list(range(self.spec.max_rows - 1, n - 1, -1))
+        self.probation = probation
+        self.counters.evicted += int(keys.size - n)
+
+
+def _host(state: Any, shape: tuple[int, ...]) -> Any:
+    """Writable host copies of the state's leaves shaped like the table."""
+    return jax.tree_util.tree_map(
+        lambda leaf: np.array(leaf) if np.shape(leaf) == shape else leaf, state
+    )
+
+
+def _put_rows(leaf: Any, rows: np.ndarray, fresh: Any) -> Any:
+    if fresh is None:
+        return leaf
+    leaf[rows] = fresh
+    return leaf
+
+
+def dedup(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A batch's ids as (unique ids, their occurrences, the position of each id in the unique
+    ones): what a worker pulls, counts in its push, and remaps the batch with."""
+    unique, inverse, counts = np.unique(
+        np.asarray(ids, dtype=np.int64), return_inverse=True, return_counts=True
+    )
+    return unique, counts.astype(np.int64), inverse.reshape(np.shape(ids))
+
+
+def split(ids: np.ndarray, num_ps: int) -> Iterable[tuple[int, np.ndarray]]:
+    """The positions of `ids` each ps owns: (ps, positions), for the ps that own any."""
+    owners = owner(ids, num_ps)
+    for ps in range(num_ps):
+        where = np.flatnonzero(owners == ps)
+        if where.size:
+            yield ps, where
