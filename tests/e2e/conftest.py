@@ -10,10 +10,8 @@ other test at once; the others run side by side.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -67,27 +65,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.fixture(autouse=True)
 def _turn(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Side by side, or alone for an `exclusive` test: a readers-writer lock between the
-    workers (flock on two files of the node's state). An exclusive test takes the turnstile,
-    so no test starts while it waits for those running to end, then the lock for itself."""
-    state = os.environ.get(harness.SHARED)
-    if state is None:  # one process: its tests run one at a time anyway
+    """Side by side, or alone for an `exclusive` test (`harness.turn`)."""
+    with harness.turn(exclusive=request.node.get_closest_marker("exclusive") is not None):
         yield
-        return
-    exclusive = request.node.get_closest_marker("exclusive") is not None
-    with (
-        open(Path(state) / "turnstile.lock", "w") as turnstile,
-        open(Path(state) / "tests.lock", "w") as tests,
-    ):
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        fcntl.flock(tests, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        if not exclusive:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(tests, fcntl.LOCK_UN)
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The exclusive tests first: each holds the node alone, so every other worker waits;
+    first, they wait while the cluster tier, which runs beside this one from its start, uses
+    the CPU they leave, not in the middle of the tier (xdist hands tests out in this order)."""
+    items.sort(key=lambda item: item.get_closest_marker("exclusive") is None)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

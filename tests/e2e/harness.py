@@ -201,6 +201,32 @@ def node_up() -> Iterator[Node]:
             phase(f"node down in {time.monotonic() - started:.1f} s")
 
 
+@contextlib.contextmanager
+def turn(*, exclusive: bool) -> Iterator[None]:
+    """Side by side with the other workers' tests, or alone (`exclusive`: it kills or replaces
+    what every job shares): a readers-writer lock between the workers, flock on two files of
+    the shared node's state. An exclusive holder takes the turnstile, so no test starts while
+    it waits for those running to end, then the lock for itself. Nothing without a shared node
+    (one process: its tests run one at a time anyway)."""
+    state = os.environ.get(SHARED)
+    if state is None:
+        yield
+        return
+    with (
+        open(Path(state) / "turnstile.lock", "w") as turnstile,
+        open(Path(state) / "tests.lock", "w") as tests,
+    ):
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(tests, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        if not exclusive:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(tests, fcntl.LOCK_UN)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
 def attach(state: Path) -> Node:
     """The node that runs with its state in `state` (brought up by `node_up`)."""
     images = {
