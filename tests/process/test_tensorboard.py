@@ -96,6 +96,10 @@ def test_a_chief_stopped_by_sigterm_closes_its_event_file(
         "steps": 1_000_000,  # trains until the test stops it
         "workerTimeoutSeconds": 60,
         "tensorboard": {"dir": str(board), "flushSeconds": 3600},
+        # a point at every step the chief sees move, recorded before its log tick: the last
+        # tick's step is then a point (with the default 10, a tick of a slow run, 6 steps past
+        # the last multiple of 10, had none: seen on a cold, loaded run)
+        "summaryEverySteps": 1,
     }
     job = harness.LocalJob.start(training=training, log_dir=tmp_path / "logs", ps=1, workers=1)
     jobs.append(job)
