@@ -123,6 +123,16 @@ def test_a_row_given_to_another_id_starts_from_fresh_state_and_its_own_initial_v
     np.testing.assert_allclose(t.pull(np.array([3])), fresh.pull(np.array([3])))
 
 
+def test_ids_a_push_admits_past_every_row_wait_on_probation_with_their_counts() -> None:
+    t = table(max_rows=2, min_count=2)
+    push(t, 1, [1, 1, 2, 2, 3, 3])  # three admitted at once, rows for two, none to evict
+    assert t.resident == 2
+    assert t.probation == {3: (2, 1)}
+    push(t, 2, [3])  # counted on: admitted, the least recent row evicted
+    assert 3 in t.index
+    assert t.resident == 2
+
+
 def test_a_gradient_for_an_evicted_id_never_lands_in_the_row_it_had() -> None:
     t = table(max_rows=2, min_count=2)
     push(t, 1, [1, 1])

@@ -198,11 +198,13 @@ class Table:
         if ids.size == 0:
             return
         rows = self._rows(ids)
-        admit = self._admitted(ids[rows < 0], counts[rows < 0], step)
+        admit, seen = self._admitted(ids[rows < 0], counts[rows < 0], step)
         if admit.size:
             placed = self._place(admit, keep=set(ids.tolist()))
             rows = self._rows(ids)
             self.counters.admitted += placed
+            for key, n in zip(admit[placed:].tolist(), seen[placed:].tolist(), strict=True):
+                self.probation[key] = (n, step)  # no row even after eviction: counted still
         here = rows >= 0
         self.counters.dropped += int((~here).sum())
         if not here.any():
@@ -212,16 +214,20 @@ class Table:
         self.last[rows] = step
         self.count[rows] += counts[here]
 
-    def _admitted(self, ids: np.ndarray, counts: np.ndarray, step: int) -> np.ndarray:
-        """Of ids not resident, those admitted by this push (counted on probation first)."""
+    def _admitted(
+        self, ids: np.ndarray, counts: np.ndarray, step: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Of ids not resident, those admitted by this push (counted on probation first), and
+        the occurrences each was admitted with."""
         spec = self.spec
-        admit = []
+        admit, admitted_at = [], []
         for key, n in zip(ids.tolist(), counts.tolist(), strict=True):
             seen = self.probation.pop(key, (0, 0))[0] + int(n)
             if seen >= spec.min_count and (
                 spec.probability >= 1 or self._draw(key, seen) < spec.probability
             ):
                 admit.append(key)
+                admitted_at.append(seen)
             else:
                 self.probation[key] = (seen, step)
         limit = PROBATION_PER_ROW * spec.max_rows
@@ -229,7 +235,7 @@ class Table:
             order = sorted(self.probation.items(), key=lambda kv: (kv[1][1], kv[0]))
             for key, _ in order[: len(self.probation) - limit]:
                 del self.probation[key]
-        return np.array(admit, dtype=np.int64)
+        return np.array(admit, dtype=np.int64), np.array(admitted_at, dtype=np.int64)
 
     def _draw(self, key: int, seen: int) -> float:
         bits = mix64(_bits(np.array([key])) ^ _ADMIT_SALT ^ np.uint64(seen))[0]
