@@ -4,10 +4,16 @@ AUC, steps per second and where the embedding tables were placed across the ps.
 
     python examples/recommender/run.py                 # 2M-row largest table, 200k clicks
     python examples/recommender/run.py --scale 0.01    # a quick run: every table 100x smaller
+    python examples/recommender/run.py --hashed        # raw 64-bit ids, dynamic tables
 
 The log has Criteo's columns: `label`, `I1`..`I13` (counts) and `C1`..`C26` (categorical ids,
 Zipf-distributed over each column's cardinality). Clicks follow a hidden logistic model of the
 dense features and of per-id scores, so a model that learns the embeddings finds signal.
+
+`--hashed`: each categorical value is a 64-bit hash of (column, value), as a production log
+has it, with no vocabulary: every table is a dynamic one (`training.embeddings`) of at most
+half its column's distinct values (`--max-rows-share`), admitted on first sight and evicted
+least recently used; the model's tables are declared 2 rows (their rows are the ps's).
 """
 
 from __future__ import annotations
@@ -36,8 +42,17 @@ ZIPF = 1.1
 TEST_FRACTION = 0.1  # the held-out tail of the log
 
 
+def hashed(column: int, ids: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of (column, id) for each id: any int64, negative ones included."""
+    with np.errstate(over="ignore"):
+        z = ids.astype(np.uint64) ^ (np.uint64(column + 1) << np.uint64(40))
+        z = (z + np.uint64(0x9E3779B97F4A7C15)) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return (z ^ (z >> np.uint64(31))).view(np.int64)
+
+
 def click_log(
-    path: Path, *, rows: int, cardinalities: list[int], seed: int = 0
+    path: Path, *, rows: int, cardinalities: list[int], seed: int = 0, hash_ids: bool = False
 ) -> tuple[float, float]:
     """Writes the log as Parquet; returns its click rate and the AUC the hidden model itself
     scores on the held-out tail (the ceiling: no model can rank the clicks better)."""
@@ -54,7 +69,7 @@ def click_log(
         cdf = np.cumsum(weights / weights.sum())
         ranks = np.minimum(np.searchsorted(cdf, rng.random(rows)), cardinality - 1)
         ids = rng.permutation(cardinality)[ranks].astype(np.int64)
-        columns[name] = ids
+        columns[name] = hashed(CATEGORICAL.index(name), ids) if hash_ids else ids
         logit += rng.normal(0, 0.35, cardinality)[ids]  # each id's hidden effect
     clicked = rng.random(rows) < 1 / (1 + np.exp(-logit))
     table = pa.table({"label": clicked.astype(np.int32), **columns})
@@ -63,8 +78,11 @@ def click_log(
     return float(clicked.mean()), float(roc_auc_score(clicked[test], logit[test]))
 
 
-def manifest(*, log: Path, cardinalities: list[int], steps: int) -> dict:
-    return {
+def manifest(
+    *, log: Path, cardinalities: list[int], steps: int, max_rows: list[int] | None = None
+) -> dict:
+    """The job; with `max_rows` (one per column), every table a dynamic one of that bound."""
+    job = {
         "apiVersion": "jaxps.dev/v1alpha1",
         "kind": "TrainingJob",
         "metadata": {"name": "wide-deep"},
@@ -89,6 +107,14 @@ def manifest(*, log: Path, cardinalities: list[int], steps: int) -> dict:
             },
         },
     }
+    if max_rows is not None:
+        training = job["spec"]["training"]
+        training["model"]["kwargs"]["cardinalities"] = [2] * len(CATEGORICAL)
+        training["embeddings"] = {
+            column: {"dim": 9, "maxRows": bound, "eviction": "lru"}
+            for column, bound in zip(CATEGORICAL, max_rows, strict=True)
+        }
+    return job
 
 
 def placement_of_tables(workdir: Path) -> dict[str, list[dict]]:
@@ -118,13 +144,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=200_000, help="click log rows")
     parser.add_argument("--scale", type=float, default=1.0, help="table sizes times this")
     parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--workdir", type=Path, default=ROOT / ".work" / "wide-deep")
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--hashed", action="store_true", help="raw 64-bit ids and dynamic tables")
+    parser.add_argument(
+        "--max-rows-share",
+        type=float,
+        default=0.5,
+        help="--hashed: each table's maxRows, a share of its column's distinct values",
+    )
     args = parser.parse_args(argv)
+    name = "wide-deep-hashed" if args.hashed else "wide-deep"
+    args.workdir = args.workdir or ROOT / ".work" / name
     args.workdir.mkdir(parents=True, exist_ok=True)
     cardinalities = [max(2, round(c * args.scale)) for c in CARDINALITIES]
     log = args.workdir / "clicks.parquet"
     started = time.monotonic()
-    rate, ceiling = click_log(log, rows=args.rows, cardinalities=cardinalities)
+    rate, ceiling = click_log(
+        log, rows=args.rows, cardinalities=cardinalities, hash_ids=args.hashed
+    )
+    batch = 256
+    max_rows = (
+        [max(batch, round(c * args.max_rows_share)) for c in cardinalities] if args.hashed else None
+    )
     print(
         f"click log: {args.rows} rows, click rate {rate:.3f}, tables {cardinalities[:4]}..., "
         f"{log} ({time.monotonic() - started:.0f} s)",
@@ -132,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     path = args.workdir / "wide-deep.yaml"
     path.write_text(
-        yaml.safe_dump(manifest(log=log, cardinalities=cardinalities, steps=args.steps))
+        yaml.safe_dump(
+            manifest(log=log, cardinalities=cardinalities, steps=args.steps, max_rows=max_rows)
+        )
     )
     env = {
         **os.environ,
@@ -159,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         "steps": progress["step"],
         "stepsPerSecond": progress.get("stepsPerSecond"),
         "examplesPerSecond": round(progress.get("stepsPerSecond", 0) * 256, 1),
-        "tables": placement_of_tables(args.workdir / "job"),
+        "tables": {} if args.hashed else placement_of_tables(args.workdir / "job"),
+        "hashed": args.hashed,
+        **({"maxRows": sum(max_rows), "distinctIds": sum(cardinalities)} if max_rows else {}),
     }
     print("embedding tables across the ps (largest first):")
     for column, shards in result["tables"].items():

@@ -128,6 +128,11 @@ def _start_problems(state: Task, *, where: str) -> list[str]:
             if str(err) not in found:  # the mlp sizes itself from the dataset: one cause
                 found.append(str(err))
     if not found and program is None:
+        try:
+            state.dynamic  # noqa: B018 - the dynamic tables, checked against the model
+        except outcome.InvalidTrainingError as err:
+            found.append(err.message)
+    if not found and program is None:
         found += _batch_problems(state)
     return found
 

@@ -11,6 +11,7 @@ import pytest
 
 from jaxps_runtime.ps import dynamic
 from jaxps_runtime.ps.dynamic import Spec, Table
+from jaxps_runtime.wire import tables
 
 INT64 = np.iinfo(np.int64)
 EDGES = np.array([0, 1, -1, -2, INT64.min, INT64.max, 2**32, -(2**40)], np.int64)
@@ -23,7 +24,7 @@ def table(**kw: object) -> Table:
 
 def push(t: Table, step: int, ids: list[int], grad: float = 1.0) -> None:
     """One push of `ids` (a batch: repeats are occurrences), each row's gradient `grad`."""
-    unique, counts, _ = dynamic.dedup(np.array(ids, np.int64))
+    unique, counts, _ = tables.dedup(np.array(ids, np.int64))
     t.push(step, unique, counts, np.full((unique.size, t.spec.dim), grad, np.float32))
 
 
@@ -168,8 +169,8 @@ def test_a_snapshot_restores_onto_fewer_or_more_ps_by_the_hash(old: int, new: in
     rng = np.random.default_rng(2)
     for step in range(1, 40):
         ids = rng.integers(-1000, 1000, 64, dtype=np.int64)
-        unique, counts, _ = dynamic.dedup(ids)
-        for ps, where in dynamic.split(unique, old):
+        unique, counts, _ = tables.dedup(ids)
+        for ps, where in tables.split(unique, old):
             grads = np.full((where.size, 4), 0.1 * step, np.float32)
             before[ps].push(step, unique[where], counts[where], grads)
     snapshots = [t.snapshot() for t in before]
@@ -191,19 +192,19 @@ def test_a_snapshot_restores_onto_fewer_or_more_ps_by_the_hash(old: int, new: in
     # the optimizer state came with its rows: one more identical push, identical results
     probe = np.array(sorted(keys.tolist())[:5], np.int64)
     outcomes = []
-    for tables, n in ((before, old), (after, new)):
-        for ps, where in dynamic.split(probe, n):
-            tables[ps].push(
+    for parts, n in ((before, old), (after, new)):
+        for ps, where in tables.split(probe, n):
+            parts[ps].push(
                 99,
                 probe[where],
                 np.ones(where.size, np.int64),
                 np.ones((where.size, 4), np.float32),
             )
         outcomes.append(
-            np.concatenate([tables[ps].pull(probe[w]) for ps, w in dynamic.split(probe, n)])
+            np.concatenate([parts[ps].pull(probe[w]) for ps, w in tables.split(probe, n)])
         )
     order = [
-        np.argsort(np.concatenate([probe[w] for _, w in dynamic.split(probe, n)]))
+        np.argsort(np.concatenate([probe[w] for _, w in tables.split(probe, n)]))
         for n in (old, new)
     ]
     np.testing.assert_array_equal(outcomes[0][order[0]], outcomes[1][order[1]])

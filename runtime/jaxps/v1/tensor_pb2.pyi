@@ -19,18 +19,22 @@ class Identity(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., ps_incarnation: _Optional[int] = ..., cluster_epoch: _Optional[int] = ..., task: _Optional[str] = ...) -> None: ...
 
 class TensorSpec(_message.Message):
-    __slots__ = ("name", "shape", "dtype", "rows", "optimizer")
+    __slots__ = ("name", "shape", "dtype", "rows", "optimizer", "dynamic", "counts")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    DYNAMIC_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     dtype: str
     rows: bytes
     optimizer: str
-    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., rows: _Optional[bytes] = ..., optimizer: _Optional[str] = ...) -> None: ...
+    dynamic: str
+    counts: bytes
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., rows: _Optional[bytes] = ..., optimizer: _Optional[str] = ..., dynamic: _Optional[str] = ..., counts: _Optional[bytes] = ...) -> None: ...
 
 class FrameHeader(_message.Message):
     __slots__ = ("id", "step", "tensors", "push_id", "min_step", "accepted", "reason", "cursor", "then_read", "shard", "lease", "idle")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +98,7 @@ class Placement:
     min_shard_bytes: int
     variables: tuple[Variable, ...]
     shards: tuple[Shard, ...]
+    dynamic: tuple[str, ...] = ()  # dynamic tables: one part per ps, rows keyed by id's hash
 
     def shards_on(self, ps: int) -> tuple[Shard, ...]:
         return tuple(s for s in self.shards if s.ps == ps)
@@ -129,6 +130,7 @@ class Placement:
                 }
                 for s in self.shards
             ],
+            **({"dynamic": list(self.dynamic)} if self.dynamic else {}),
         }
 
     @classmethod
@@ -148,6 +150,7 @@ class Placement:
             min_shard_bytes=int(raw["minShardBytes"]),
             variables=variables,
             shards=shards,
+            dynamic=tuple(str(n) for n in raw.get("dynamic", ())),
         )
 
 
@@ -163,8 +166,12 @@ def plan(
     num_ps: int,
     strategy: str = catalog.GREEDY,
     min_shard_bytes: int = catalog.DEFAULT_MIN_SHARD_BYTES,
+    dynamic: Collection[str] = (),
 ) -> Placement:
-    """Splits and places `variables` (in any order) over `num_ps` ps tasks."""
+    """Splits and places `variables` (in any order) over `num_ps` ps tasks. `dynamic`: the
+    dynamic embedding tables (`ps.dynamic`): each is one part per ps, part k on ps k (its rows
+    a multiple of `num_ps`: each ps's capacity), whatever the strategy; which ps holds an id's
+    row is the ids' hash's, not the placement's."""
     if num_ps < 1:
         raise PlacementError(f"num_ps: got {num_ps}; expected at least 1 ps task")
     if strategy not in catalog.STRATEGIES:
@@ -182,6 +189,13 @@ def plan(
     parts: list[tuple[Variable, int, int, int]] = []  # variable, part index, start, stop
     for var in ordered:
         n = _num_parts(var, num_ps=num_ps, min_shard_bytes=min_shard_bytes)
+        if var.name in dynamic:
+            if len(var.shape) != 2 or var.shape[0] % num_ps:
+                raise PlacementError(
+                    f"dynamic table {var.name!r}: shape {list(var.shape)} is not [rows, dim] "
+                    f"with rows a multiple of {num_ps} ps"
+                )
+            n = num_ps
         rows = var.shape[0] if var.shape else 0
         base, extra = divmod(rows, n)
         start = 0
@@ -191,11 +205,19 @@ def plan(
             start = stop
 
     assignment: dict[tuple[str, int], int] = {}
+    for var, k, _, _ in parts:
+        if var.name in dynamic:
+            assignment[(var.name, k)] = k
+    parts_placed = parts
+    parts = [p for p in parts if p[0].name not in dynamic]
     if strategy == catalog.ROUND_ROBIN:
         for i, (var, k, _, _) in enumerate(parts):
             assignment[(var.name, k)] = i % num_ps
     else:
         load = [0] * num_ps
+        for var, k, start, stop in parts_placed:
+            if var.name in dynamic:  # each ps's capacity counts in its load
+                load[k] += (stop - start) * var.row_bytes
         taken: dict[str, set[int]] = {}
 
         def size(part: tuple[Variable, int, int, int]) -> int:
@@ -212,7 +234,7 @@ def plan(
 
     shards = tuple(
         Shard(f"{var.name}/{k}", var, assignment[(var.name, k)], start, stop)
-        for var, k, start, stop in parts
+        for var, k, start, stop in parts_placed
     )
     return Placement(
         num_ps=num_ps,
@@ -220,6 +242,7 @@ def plan(
         min_shard_bytes=min_shard_bytes,
         variables=tuple(ordered),
         shards=shards,
+        dynamic=tuple(sorted(dynamic)),
     )
 
 

@@ -31,6 +31,7 @@ from jaxps_runtime.client.placement import Layout, Placement
 from jaxps_runtime.config.training import OptimizerConfig
 from jaxps_runtime.process import stopping
 from jaxps_runtime.wire import streams
+from jaxps_runtime.wire import tables as wire_tables
 from jaxps_runtime.wire.credentials import TaskCredentials
 from jaxps_runtime.wire.terms import Mode
 
@@ -150,12 +151,15 @@ class PsClient:
         workers: Sequence[str] = (),
         tables: Collection[str] | None = None,
         optimizers: Mapping[str, OptimizerConfig] | None = None,
+        dynamic: Mapping[str, wire_tables.Spec] | None = None,
     ) -> None:
         """Declares every ps's shards and mode (`optimizers`: {variable: its own optimizer}), then
         streams their initial values (chief only). With `params` None the shards are only
         declared: `restore` fills them from a checkpoint. `tables`: the variables workers update
         by rows (embedding tables, `Task.tables`); each ps then refuses rows of any other shard
-        and whole gradients of these. None declares nothing (either kind of update is taken)."""
+        and whole gradients of these. None declares nothing (either kind of update is taken).
+        `dynamic`: the dynamic tables ({variable: the spec of one ps's part}): no values of
+        theirs are sent (an id's first value is the ps's function of it)."""
         self.epoch = epoch
         mode = mode or Mode()
         arrays = self._routes.arrays(params, what="params") if params is not None else None
@@ -164,7 +168,12 @@ class PsClient:
             shards = self._routes.shards_on(ps)
             request = ps_pb2.InitRequest(
                 id=self.identity(ps),
-                tensors=[routing.declared_spec(s, tables, optimizers) for s in shards],
+                tensors=[
+                    routing.declared_spec(
+                        s, tables, optimizers, dynamic, num_ps=self._routes.placement.num_ps
+                    )
+                    for s in shards
+                ],
                 optimizer=optimizer.to_json(),
                 step=step,
                 mode=mode.kind,
@@ -174,7 +183,8 @@ class PsClient:
                 workers=list(workers),
             )
             self._ps.seen(ps, self._ps.unary(ps, "Init", request).id)
-            if arrays is None:
+            shards = [s for s in shards if s.variable.name not in self._routes.dynamic]
+            if arrays is None or not shards:
                 return
             header = tensor_pb2.FrameHeader(
                 id=self.identity(ps), step=step, tensors=[routing.spec(s) for s in shards]
@@ -289,6 +299,7 @@ class PsClient:
         *,
         step: int,
         rows: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+        counts: Mapping[str, np.ndarray] | None = None,
         variables: Collection[str] | None = None,
         push_id: str | None = None,
         shard: str = "",
@@ -301,7 +312,8 @@ class PsClient:
     ) -> tuple[int, dict[str, np.ndarray], list[tensor_pb2.FrameHeader]]:
         """Pushes one gradient to every ps (each counts it, holding its tensors or not): every
         variable's (or `variables'`) whole, and gradient `rows` of tables ({variable: (row ids,
-        rows)}; duplicates summed), as batch `cursor - 1` of data shard `shard` leased with
+        rows)}; duplicates summed; `counts`: a dynamic table's occurrences of each id in the
+        batch, what admission counts), as batch `cursor - 1` of data shard `shard` leased with
         `lease` (each ps applies a batch once: `ps.positions`); `idle`: no data. With `then_read`,
         each ps replies with the dense values once at `min_step` (into `into`, as `read`): a
         sync step's update and the next read in one round trip. A transient failure is retried
@@ -314,7 +326,7 @@ class PsClient:
 
         def one(ps: int) -> tensor_pb2.FrameHeader:
             shards = self._routes.shards_on(ps, arrays)
-            row_specs, row_buffers = routing.row_parts(picks[ps], rows or {})
+            row_specs, row_buffers = routing.row_parts(picks[ps], rows or {}, counts)
             header = tensor_pb2.FrameHeader(
                 id=self.identity(ps),
                 step=step,

@@ -18,6 +18,7 @@ from jaxps.v1 import tensor_pb2
 from jaxps_runtime.client.placement import Placement, Shard
 from jaxps_runtime.config.training import OptimizerConfig
 from jaxps_runtime.wire import streams
+from jaxps_runtime.wire import tables as wire_tables
 
 # Rows of one table on one shard: (shard, shard-local row ids, positions in the caller's ids).
 RowPick = tuple[Shard, np.ndarray, np.ndarray]
@@ -35,6 +36,8 @@ class Routes:
         self.placement = placement
         self._shards = [placement.shards_on(i) for i in range(placement.num_ps)]
         self._variables = {v.name: v for v in placement.variables}
+        # Dynamic tables move by ids alone (`rows`), never whole: left out of `arrays`/`into`.
+        self.dynamic = frozenset(placement.dynamic)
 
     def shards_on(self, ps: int, names: Collection[str] | None = None) -> list[Shard]:
         """The shards `ps` holds, of the variables of `names` only when given."""
@@ -47,7 +50,7 @@ class Routes:
         names them in errors ("gradients", "params")."""
         out = {}
         for var in self.placement.variables:
-            if variables is not None and var.name not in variables:
+            if (variables is not None and var.name not in variables) or var.name in self.dynamic:
                 continue
             if var.name not in values:
                 raise KeyError(f"{what}: no value for variable {var.name!r}")
@@ -67,7 +70,7 @@ class Routes:
         one where there is one (checked), else a new aligned one."""
         out = {}
         for var in self.placement.variables:
-            if variables is not None and var.name not in variables:
+            if (variables is not None and var.name not in variables) or var.name in self.dynamic:
                 continue
             dtype = streams.dtype_of(var.dtype)
             array = given.get(var.name) if given else None
@@ -92,6 +95,11 @@ class Routes:
             if variable is None or not variable.shape:
                 raise KeyError(f"rows: {name!r} is not a variable with rows")
             ids = np.asarray(given, dtype=np.int64).reshape(-1)
+            if name in self.dynamic:  # any int64 id, on the ps its hash names
+                parts = {s.ps: s for s in self.placement.shards_of(name)}
+                for ps, where in wire_tables.split(ids, self.placement.num_ps):
+                    picks[ps].append((parts[ps], ids[where], where))
+                continue
             if ids.size and (ids.min() < 0 or ids.max() >= variable.shape[0]):
                 raise IndexError(f"rows: {name!r} has rows 0..{variable.shape[0] - 1}")
             for shard in self.placement.shards_of(name):
@@ -119,11 +127,18 @@ def declared_spec(
     shard: Shard,
     tables: Collection[str] | None,
     optimizers: Mapping[str, OptimizerConfig] | None = None,
+    dynamic: Mapping[str, wire_tables.Spec] | None = None,
+    *,
+    num_ps: int = 1,
 ) -> tensor_pb2.TensorSpec:
     """The spec of a shard in Init, saying how pushes update it when `tables` is known: its
-    row count (by rows) or `streams.UPDATED_WHOLE`, as one little-endian int64; and its
-    variable's optimizer (JSON) when `optimizers` gives it one."""
+    row count (by rows) or `streams.UPDATED_WHOLE`, as one little-endian int64; its
+    variable's optimizer (JSON) when `optimizers` gives it one; and a dynamic table's part
+    (`dynamic`: its variable's spec, of one ps's part) as JSON."""
     declared = spec(shard)
+    part = (dynamic or {}).get(shard.variable.name)
+    if part is not None:
+        declared.dynamic = part.to_json(ps=shard.ps, num_ps=num_ps)
     own = (optimizers or {}).get(shard.variable.name)
     declared.optimizer = own.to_json() if own is not None else ""
     if tables is not None:
@@ -175,9 +190,12 @@ def expect_rows(picks: Sequence[RowPick]) -> list[streams.Spec]:
 
 
 def row_parts(
-    picks: Sequence[RowPick], rows: Mapping[str, tuple[np.ndarray, np.ndarray]]
+    picks: Sequence[RowPick],
+    rows: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    counts: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[list[tensor_pb2.TensorSpec], list[memoryview]]:
-    """The specs (with their row ids) and the bytes of the gradient `rows` one ps gets."""
+    """The specs (with their row ids, and a dynamic table's `counts`: each id's occurrences)
+    and the bytes of the gradient `rows` one ps gets."""
     values = [
         np.ascontiguousarray(
             np.asarray(rows[s.variable.name][1])[where],
@@ -189,4 +207,8 @@ def row_parts(
         streams.Spec(s.name, v.shape, v.dtype).to_proto(rows=local.astype("<i8").tobytes())
         for (s, local, _), v in zip(picks, values, strict=True)
     ]
+    for declared, (s, _, where) in zip(specs, picks, strict=True):
+        given = (counts or {}).get(s.variable.name)
+        if given is not None:
+            declared.counts = np.asarray(given, "<i8")[where].tobytes()
     return specs, [streams.byte_view(v) for v in values]

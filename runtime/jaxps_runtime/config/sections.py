@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxps_runtime.config import catalog
-from jaxps_runtime.config.reader import Reader, TrainingConfigError, fail, setting, specs
+from jaxps_runtime.config.reader import Reader, TrainingConfigError, fail, line, setting, specs
 
 
 @dataclass(frozen=True)
@@ -180,3 +180,90 @@ def read_tensorboard(raw: object, path: str) -> TensorBoardConfig | None:
             f"{path}.dir: missing; expected a non-empty string, the directory of the event files"
         )
     return TensorBoardConfig(dir=reader.setting("dir"), flushSeconds=reader.setting("flushSeconds"))
+
+
+EVICTIONS = ("lru", "lfu")
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """`embeddings.<table>.admission`: when an id not yet in the table gets a row. `minCount`:
+    the occurrences (over every batch applied) an id needs first; `probability`: the chance,
+    drawn as a function of (id, count), that an id reaching `minCount` is admitted then (below
+    1, an id keeps being drawn as it is seen again). Until admitted, an id reads its initial
+    value and its gradients are dropped."""
+
+    minCount: int = setting(1, minimum=1)  # noqa: N815 - manifest spelling
+    probability: float = setting(1.0, minimum=0)
+
+
+@dataclass(frozen=True)
+class InitializerConfig:
+    """`embeddings.<table>.initializer`: a new row's value, uniform in [-scale, scale), a
+    function of (training.seed, table, id) alone: every task reads the same vector for an id
+    until its first update."""
+
+    scale: float = setting(0.05, minimum=0)
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    """`embeddings.<table>`: a dynamic embedding table keyed by any 64-bit id (the model's
+    `sparse` table of that name), bounded to `maxRows` resident rows over the job's ps."""
+
+    dim: int = setting(minimum=1)
+    maxRows: int = setting(minimum=1)  # noqa: N815 - manifest spelling
+    eviction: str = setting("lru", allowed=EVICTIONS)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    initializer: InitializerConfig = field(default_factory=InitializerConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dim": self.dim,
+            "maxRows": self.maxRows,
+            "eviction": self.eviction,
+            "admission": {
+                "minCount": self.admission.minCount,
+                "probability": self.admission.probability,
+            },
+            "initializer": {"scale": self.initializer.scale},
+        }
+
+
+def read_embeddings(raw: object, path: str) -> dict[str, EmbeddingConfig]:
+    """`training.embeddings`: {table: EmbeddingConfig}; every problem of every table named."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise fail(path, raw, "an object of tables: {<table>: {dim, maxRows, ...}}")
+    out: dict[str, EmbeddingConfig] = {}
+    found: list[str] = []
+    for table, node in raw.items():
+        where = f"{path}.{table}"
+        try:
+            reader = Reader(node, where, EmbeddingConfig)
+            reader.done()
+        except TrainingConfigError as err:
+            found += err.problems
+            continue
+        values: dict[str, Any] = {}
+        for key in ("dim", "maxRows", "eviction"):
+            try:
+                if key != "eviction" and reader.get(key) is None:
+                    raise TrainingConfigError(f"{where}.{key}: missing; expected an integer >= 1")
+                values[key] = reader.setting(key)
+            except TrainingConfigError as err:
+                found += err.problems
+        for key, section in (("admission", AdmissionConfig), ("initializer", InitializerConfig)):
+            try:
+                values[key] = read_plain(reader.get(key), f"{where}.{key}", section)
+            except TrainingConfigError as err:
+                found += err.problems
+        admission = values.get("admission")
+        if admission is not None and not 0 < admission.probability <= 1:
+            found.append(line(f"{where}.admission.probability", admission.probability, "in (0, 1]"))
+        if len(values) == 5:
+            out[str(table)] = EmbeddingConfig(**values)
+    if found:
+        raise TrainingConfigError(found[0], problems=found)
+    return out

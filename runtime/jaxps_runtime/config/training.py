@@ -64,6 +64,7 @@ from jaxps_runtime.config.sections import (
     DEFAULT_FLUSH_SECONDS,
     CheckpointConfig,
     DatasetConfig,
+    EmbeddingConfig,
     ModelConfig,
     OptimizerConfig,
     PlacementConfig,
@@ -71,6 +72,7 @@ from jaxps_runtime.config.sections import (
     default_dataset,
     default_optimizer,
     read_dataset,
+    read_embeddings,
     read_model,
     read_optimizer,
     read_plain,
@@ -88,6 +90,7 @@ __all__ = [
     "ON_DIVERGENCE",
     "CheckpointConfig",
     "DatasetConfig",
+    "EmbeddingConfig",
     "ModeKind",
     "ModelConfig",
     "OptimizerConfig",
@@ -141,6 +144,9 @@ class TrainingConfig:
     # "package.module:main": the user's own loop (`train.program`) instead of the built-in
     # one over `model`'s loss; the dataset is still the job's (its shard queue), if it reads it
     program: str | None = None
+    # Dynamic embedding tables: {table: EmbeddingConfig} (`ps.dynamic`); none: every table is
+    # the model's fixed [0, rows) array
+    embeddings: dict[str, EmbeddingConfig] = field(default_factory=dict)
 
     @property
     def mode(self) -> ModeKind:
@@ -258,7 +264,21 @@ def _check(
     tensorboard = found.check(
         None, lambda: read_tensorboard(top.get("tensorboard"), f"{path}.tensorboard")
     )
+    no_tables: dict[str, EmbeddingConfig] = {}
+    embeddings = found.check(
+        no_tables, lambda: read_embeddings(top.get("embeddings"), f"{path}.embeddings")
+    )
     found.check(None, top.done)
+    batch = scalars["batchSize"]
+    for table, config in embeddings.items():
+        if "batchSize" not in refused and config.maxRows < batch:
+            found.add(
+                fail(
+                    f"{path}.embeddings.{table}.maxRows",
+                    config.maxRows,
+                    f"at least batchSize ({batch}): the rows one batch may admit",
+                )
+            )
     heartbeat, worker_timeout = scalars["heartbeatSeconds"], scalars["workerTimeoutSeconds"]
     timeouts_read = not refused & {"heartbeatSeconds", "workerTimeoutSeconds"}
     if timeouts_read and worker_timeout <= heartbeat:
@@ -292,6 +312,7 @@ def _check(
         placement=place,
         checkpoint=checkpoint or default.checkpoint,
         tensorboard=tensorboard,
+        embeddings=embeddings,
         **scalars,
     )
     if tasks is not None:

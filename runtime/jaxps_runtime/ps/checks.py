@@ -12,6 +12,7 @@ the mode and its policy.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import grpc
 import numpy as np
@@ -19,7 +20,7 @@ import numpy as np
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime.config.training import OptimizerConfig
-from jaxps_runtime.ps import optim
+from jaxps_runtime.ps import dynamic, optim
 from jaxps_runtime.ps.held import Held
 from jaxps_runtime.ps.modes.policy import Policy, PsError
 from jaxps_runtime.ps.shards import Shards
@@ -41,7 +42,7 @@ def update_header(
     mode: Mode,
     policy: Policy,
     staging: dict[str, Held],
-) -> dict[int, tuple[Held, np.ndarray]]:
+) -> dict[int, RowTarget]:
     """The meaning of an Update's header (see `streaming.StreamHandlers.update`): the rows'
     targets by tensor index; fills `staging` with the dense ones' shards. Linear in the number
     of tensors."""
@@ -59,7 +60,7 @@ def update_header(
         problem = mode.read_step_problem(header.min_step)
         if problem is not None:
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT, f"Update.min_step: {problem}")
-    rows: dict[int, tuple[Held, np.ndarray]] = {}
+    rows: dict[int, RowTarget] = {}
     for i, t in enumerate(header.tensors):
         where = f"Update.tensors[{i}]"
         if t.rows:
@@ -76,9 +77,18 @@ def update_header(
     return rows
 
 
+class RowTarget(NamedTuple):
+    """Where one tensor of gradient rows goes: the shard, its row ids (a dynamic table's: any
+    int64 ids) and, for a dynamic table, each id's occurrences (None: one each)."""
+
+    held: Held
+    ids: np.ndarray
+    counts: np.ndarray | None = None
+
+
 def row_target(
     tensor: tensor_pb2.TensorSpec, spec: streams.Spec, *, shards: Shards, where: str
-) -> tuple[Held, np.ndarray]:
+) -> RowTarget:
     """The embedding shard and row ids of one tensor of gradient rows, checked."""
     held = shards.matching(spec, where=where, rows=True)
     if held.by_rows is False:
@@ -87,13 +97,34 @@ def row_target(
             f"{where}: shard {held.spec.name!r} is a dense variable's, updated whole; got "
             f"{len(tensor.rows) // 8} rows of it (rows only update embedding tables)",
         )
-    ids = row_ids(tensor.rows, held.spec, where=f"{where}.rows")
+    dynamic = held.dynamic is not None
+    ids = row_ids(tensor.rows, held.spec, where=f"{where}.rows", keyed=dynamic)
     if ids.size != (spec.shape[0] if spec.shape else -1):
         raise PsError(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"{where}: {ids.size} row ids for {list(spec.shape)} values",
         )
-    return held, ids
+    counts = None
+    if tensor.counts:
+        if not dynamic:
+            raise PsError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{where}.counts: shard {held.spec.name!r} is a fixed table's; counts are "
+                "only for a dynamic table's rows",
+            )
+        if len(tensor.counts) != 8 * ids.size:
+            raise PsError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{where}.counts: {len(tensor.counts)} bytes; expected one little-endian "
+                f"int64 per row id ({8 * ids.size} bytes)",
+            )
+        counts = np.frombuffer(tensor.counts, dtype="<i8")
+        if counts.size and (counts.min() < 0 or counts.max() > ROWS_PER_TENSOR):
+            raise PsError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{where}.counts: each is an id's occurrences in one batch, 0..{ROWS_PER_TENSOR}",
+            )
+    return RowTarget(held, ids, counts)
 
 
 def read_request(request: ps_pb2.ReadRequest, *, shards: Shards, mode: Mode) -> None:
@@ -145,9 +176,9 @@ def require_complete(assembler: streams.Assembler, *, where: str) -> None:
         raise streams.StreamError(f"{where}: stream ended before {', '.join(missing)}")
 
 
-def row_ids(raw: bytes, spec: streams.Spec, *, where: str) -> np.ndarray:
+def row_ids(raw: bytes, spec: streams.Spec, *, where: str, keyed: bool = False) -> np.ndarray:
     """Little-endian int64 row ids of shard `spec`: at most its row count, or `ROWS_PER_TENSOR`
-    if more, each one of its rows."""
+    if more, each one of its rows (`keyed`, a dynamic table's: any int64 ids)."""
     if len(raw) % 8:
         raise PsError(
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -163,7 +194,7 @@ def row_ids(raw: bytes, spec: streams.Spec, *, where: str) -> np.ndarray:
             f"rows; at most {most} (sum the gradients of repeated ids first)",
         )
     ids = np.frombuffer(raw, dtype="<i8")
-    if ids.size and (ids.min() < 0 or ids.max() >= spec.shape[0]):
+    if not keyed and ids.size and (ids.min() < 0 or ids.max() >= spec.shape[0]):
         bad = ids[(ids < 0) | (ids >= spec.shape[0])][0]
         raise PsError(
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -216,6 +247,31 @@ def init_overrides(request: ps_pb2.InitRequest) -> dict[str, OptimizerConfig]:
             optim.build(out[tensor.name], where=where)
         except optim.OptimizerError as err:
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from err
+    return out
+
+
+def declared_tables(
+    tensors: Sequence[tensor_pb2.TensorSpec], specs: Sequence[streams.Spec]
+) -> dict[str, tuple[dynamic.Spec, int, int]]:
+    """The dynamic tables' parts an Init declares: {shard: (spec, ps, num_ps)}, each checked
+    against its shard's spec (float32 [maxRows, dim])."""
+    out = {}
+    for i, (t, spec) in enumerate(zip(tensors, specs, strict=True)):
+        if not t.dynamic:
+            continue
+        where = f"Init.tensors[{i}].dynamic"
+        try:
+            table, ps, num_ps = dynamic.Spec.from_json(t.dynamic, where=where)
+        except ValueError as err:
+            raise PsError(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
+        if spec.shape != (table.max_rows, table.dim) or spec.dtype != np.float32:
+            raise PsError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{where}: shard {spec.name!r} is {spec.dtype.name}{list(spec.shape)}; a "
+                f"dynamic table of dim {table.dim} and {table.max_rows} rows here is "
+                f"float32{[table.max_rows, table.dim]}",
+            )
+        out[spec.name] = (table, ps, num_ps)
     return out
 
 

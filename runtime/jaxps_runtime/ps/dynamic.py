@@ -37,48 +37,24 @@ of its own: the ps calls `pull` from its gRPC threads and `push` from its one ap
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 import optax
 
 from jaxps_runtime.ps.optim import Applier
+from jaxps_runtime.wire.tables import ADMIT_SALT, GOLDEN, Eviction, Spec, bits, mix64, owner
 
-Eviction = Literal["lru", "lfu"]
+__all__ = ["Eviction", "Spec", "Table", "initial_rows", "merged", "mix64", "owner", "table_salt"]
+
 EVICT_CHUNK = 1 / 64
 """When a push needs rows, at least this share of the table is evicted at once: the ordering
 of the resident rows (a sort) is then paid once per so many admissions, not on each."""
 PROBATION_PER_ROW = 4
 """Ids counted on probation, at most, per row of the table (the least recently counted are
 forgotten past it): the admission state is bounded too."""
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_OWNER_SALT = np.uint64(0x6A09E667F3BCC909)
-_ADMIT_SALT = np.uint64(0x3C6EF372FE94F82B)
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer of each uint64 (wrapping arithmetic): a bijection whose every
-    output bit depends on every input bit."""
-    with np.errstate(over="ignore"):
-        z = x.astype(np.uint64) + _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
-
-
-def _bits(ids: np.ndarray) -> np.ndarray:
-    """The int64 ids as their two's-complement uint64 bits (negative ids included)."""
-    return np.ascontiguousarray(ids, dtype=np.int64).view(np.uint64)
-
-
-def owner(ids: np.ndarray, num_ps: int) -> np.ndarray:
-    """The ps (0..num_ps-1) that holds each id's row."""
-    return (mix64(_bits(ids) ^ _OWNER_SALT) % np.uint64(num_ps)).astype(np.int64)
 
 
 def table_salt(seed: int, table: str) -> np.uint64:
@@ -92,41 +68,12 @@ def table_salt(seed: int, table: str) -> np.uint64:
 def initial_rows(ids: np.ndarray, *, dim: int, salt: np.uint64, scale: float) -> np.ndarray:
     """Each id's initial row: `dim` values uniform in [-scale, scale), a function of (salt,
     id, column) alone (float32, 24 random bits each)."""
-    base = mix64(_bits(ids) ^ salt)
+    base = mix64(bits(ids) ^ salt)
     with np.errstate(over="ignore"):
-        columns = np.arange(1, dim + 1, dtype=np.uint64) * _GOLDEN
-        bits = mix64(base[:, None] + columns[None, :])
-    unit = (bits >> np.uint64(40)).astype(np.float32) / np.float32(1 << 24)
+        columns = np.arange(1, dim + 1, dtype=np.uint64) * GOLDEN
+        drawn = mix64(base[:, None] + columns[None, :])
+    unit = (drawn >> np.uint64(40)).astype(np.float32) / np.float32(1 << 24)
     return ((unit * 2 - 1) * np.float32(scale)).astype(np.float32)
-
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    """One dynamic table as this ps holds it; `max_rows` is this ps's share of the job's."""
-
-    name: str
-    dim: int
-    max_rows: int
-    min_count: int = 1
-    probability: float = 1.0
-    eviction: Eviction = "lru"
-    scale: float = 0.05
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.dim < 1:
-            problems.append(f"dim: {self.dim} is not at least 1")
-        if self.max_rows < 1:
-            problems.append(f"maxRows: {self.max_rows} per ps is not at least 1")
-        if self.min_count < 1:
-            problems.append(f"admission.minCount: {self.min_count} is not at least 1")
-        if not 0 < self.probability <= 1:
-            problems.append(f"admission.probability: {self.probability} is not in (0, 1]")
-        if self.eviction not in ("lru", "lfu"):
-            problems.append(f"eviction: {self.eviction!r} is not one of 'lru', 'lfu'")
-        if problems:
-            raise ValueError(f"embedding table {self.name!r}: " + "; ".join(problems))
 
 
 @dataclasses.dataclass
@@ -144,8 +91,11 @@ class Table:
     """One dynamic table's rows on one ps. Not thread-safe: the ps serialises `push` (its
     applier thread) against `pull` and `snapshot` (its store's lock)."""
 
-    def __init__(self, spec: Spec, tx: optax.GradientTransformation) -> None:
+    def __init__(
+        self, spec: Spec, tx: optax.GradientTransformation, *, ps: int = 0, num_ps: int = 1
+    ) -> None:
         self.spec = spec
+        self.ps, self.num_ps = ps, num_ps  # which part of the job's table this is
         self.applier = Applier(tx)
         self.salt = table_salt(spec.seed, spec.name)
         cap, dim = spec.max_rows, spec.dim
@@ -191,12 +141,13 @@ class Table:
 
     # --- the applier's writes -------------------------------------------------------------
 
-    def push(self, step: int, ids: np.ndarray, counts: np.ndarray, grads: np.ndarray) -> None:
-        """Applies one push: `ids` unique, `counts` their occurrences in the batch (>= 1),
+    def push(self, step: int, ids: np.ndarray, counts: np.ndarray, grads: np.ndarray) -> bool:
+        """Applies one push: `ids` unique, `counts` their occurrences in the batch (>= 0),
         `grads` their gradient rows. Admits what reached admission (evicting if it must), then
-        updates every resident id's row and state; drops the gradients of the others."""
+        updates every resident id's row and state; drops the gradients of the others. False
+        (and no row updated, admissions kept) when the new rows would not be finite."""
         if ids.size == 0:
-            return
+            return True
         rows = self._rows(ids)
         admit, seen = self._admitted(ids[rows < 0], counts[rows < 0], step)
         if admit.size:
@@ -208,11 +159,15 @@ class Table:
         here = rows >= 0
         self.counters.dropped += int((~here).sum())
         if not here.any():
-            return
+            return True
         rows, grads = rows[here], grads[here]
-        self.state = self.applier.sparse(self.values, self.state, rows, grads)
+        new_rows, new_state = self.applier.sparse_rows(self.values, self.state, rows, grads)
+        if not np.isfinite(new_rows).all():
+            return False
+        self.state = self.applier.scatter(self.values, self.state, rows, new_rows, new_state)
         self.last[rows] = step
         self.count[rows] += counts[here]
+        return True
 
     def _admitted(
         self, ids: np.ndarray, counts: np.ndarray, step: int
@@ -238,8 +193,8 @@ class Table:
         return np.array(admit, dtype=np.int64), np.array(admitted_at, dtype=np.int64)
 
     def _draw(self, key: int, seen: int) -> float:
-        bits = mix64(_bits(np.array([key])) ^ _ADMIT_SALT ^ np.uint64(seen))[0]
-        return float(bits >> np.uint64(11)) / float(1 << 53)
+        drawn = mix64(bits(np.array([key])) ^ ADMIT_SALT ^ np.uint64(seen))[0]
+        return float(drawn >> np.uint64(11)) / float(1 << 53)
 
     def _place(self, ids: np.ndarray, *, keep: set[int]) -> int:
         """Gives rows to `ids`, evicting rows of ids not in `keep` (this push's) when there
@@ -308,7 +263,11 @@ class Table:
         return out
 
     def restore(
-        self, snapshots: Sequence[Mapping[str, np.ndarray]], *, ps: int, num_ps: int
+        self,
+        snapshots: Sequence[Mapping[str, np.ndarray]],
+        *,
+        ps: int | None = None,
+        num_ps: int | None = None,
     ) -> None:
         """Takes the rows and probation this ps owns (under `num_ps` ps) from the snapshots of
         any number of ps (the same table, one job); a table restored onto fewer or more ps
@@ -317,6 +276,8 @@ class Table:
         take the largest any snapshot has."""
         if self.index:
             raise ValueError(f"embedding table {self.spec.name!r}: restored onto a used table")
+        ps = self.ps if ps is None else ps
+        num_ps = self.num_ps if num_ps is None else num_ps
         leaves, treedef = jax.tree_util.tree_flatten(self.state)
         parts: dict[str, list[np.ndarray]] = {k: [] for k in ("keys", "values", "last", "count")}
         state_parts: list[list[np.ndarray]] = [[] for _ in leaves]
@@ -380,19 +341,22 @@ def _put_rows(leaf: Any, rows: np.ndarray, fresh: Any) -> Any:
     return leaf
 
 
-def dedup(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A batch's ids as (unique ids, their occurrences, the position of each id in the unique
-    ones): what a worker pulls, counts in its push, and remaps the batch with."""
-    unique, inverse, counts = np.unique(
-        np.asarray(ids, dtype=np.int64), return_inverse=True, return_counts=True
+def merged(
+    ids: np.ndarray, counts: np.ndarray | None, grads: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One push's rows of a table with each id once: (ids, occurrences, gradient rows), the
+    occurrences and gradients of an id given more than once summed (`counts` None: one per
+    row given)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    counts = np.ones(ids.size, np.int64) if counts is None else np.asarray(counts, np.int64)
+    unique, inverse = np.unique(ids, return_inverse=True)
+    if unique.size == ids.size:
+        order = np.argsort(ids, kind="stable")
+        return ids[order], counts[order], grads[order]
+    summed = np.zeros((unique.size, *grads.shape[1:]), grads.dtype)
+    np.add.at(summed, inverse, grads)
+    return (
+        unique,
+        np.bincount(inverse, weights=counts, minlength=unique.size).astype(np.int64),
+        summed,
     )
-    return unique, counts.astype(np.int64), inverse.reshape(np.shape(ids))
-
-
-def split(ids: np.ndarray, num_ps: int) -> Iterable[tuple[int, np.ndarray]]:
-    """The positions of `ids` each ps owns: (ps, positions), for the ps that own any."""
-    owners = owner(ids, num_ps)
-    for ps in range(num_ps):
-        where = np.flatnonzero(owners == ps)
-        if where.size:
-            yield ps, where

@@ -34,6 +34,9 @@ class Held:
     by_rows: bool | None = None
     opt_state: Any = None
     spare: list[np.ndarray] = field(default_factory=list)
+    # A dynamic embedding table's part (`dynamic.Table`): rows keyed by id, its values and
+    # state its own; `value` is then its row storage, never assigned or read whole.
+    dynamic: Any = None
 
     def staging(self) -> np.ndarray:
         try:

@@ -107,6 +107,7 @@ class ParameterServicer:
             for i, t in enumerate(request.tensors)
         ]
         by_rows = checks.declared_rows(request.tensors, specs)
+        tables = checks.declared_tables(request.tensors, specs)
         optimizer = checks.init_optimizer(request)
         overrides = checks.init_overrides(request)
         mode = checks.init_mode(request)
@@ -119,6 +120,7 @@ class ParameterServicer:
             mode=mode,
             workers=list(request.workers),
             by_rows=by_rows,
+            tables=tables,
         )
         log.info(
             "%s: init epoch %d step %d, %d shards (%s), optimizer %s, mode %s, workers %s",
@@ -181,6 +183,7 @@ class ParameterServicer:
                 },
                 values=snapshot.values,
                 states=snapshot.states,
+                tables=snapshot.tables,
             )
         except OSError as err:
             raise PsError(grpc.StatusCode.INTERNAL, f"Save: cannot write {path}: {err}") from err
@@ -228,6 +231,7 @@ class ParameterServicer:
             states=contents.states,
             where=str(path),
             cursors=dict(request.cursors),
+            tables=contents.tables,
         )
         log.info("%s: restored step %d from %s", store.task, request.step, path)
         return ps_pb2.CheckpointReply(

@@ -6,7 +6,9 @@ one. Its SHA-256 goes into the chief's manifest; `read` verifies it before anyth
 so a corrupted or truncated file is reported by name and never restored.
 
 Layout: `value/<shard>` (the shard), `state/<shard>/<k>` (leaf k of its optax state, in
-`jax.tree_util` order), and `meta` (JSON bytes: step, epoch, task, optimizer). No pickles.
+`jax.tree_util` order), `table/<i>/<key>` (the arrays of dynamic table part i, named in
+meta's `tables`: [[shard, [key, ...]], ...]) and `meta` (JSON bytes: step, epoch, task,
+optimizer, tables). No pickles.
 
 Pure functions; each call touches only the file it is given.
 """
@@ -40,6 +42,7 @@ class Contents:
     meta: dict[str, Any]
     values: dict[str, np.ndarray]
     states: dict[str, list[np.ndarray]]
+    tables: dict[str, dict[str, np.ndarray]]  # dynamic tables' parts, by shard
 
 
 def sha256(path: Path) -> str:
@@ -51,12 +54,23 @@ def sha256(path: Path) -> str:
 
 
 def write(
-    path: Path, *, meta: Mapping[str, Any], values: Mapping[str, Any], states: Mapping[str, Any]
+    path: Path,
+    *,
+    meta: Mapping[str, Any],
+    values: Mapping[str, Any],
+    states: Mapping[str, Any],
+    tables: Mapping[str, Mapping[str, np.ndarray]] | None = None,
 ) -> tuple[str, int]:
     """Writes the file atomically; returns its SHA-256 and size."""
+    parts = sorted((tables or {}).items())
+    index = [[name, sorted(arrays_of)] for name, arrays_of in parts]
+    meta = {**meta, "tables": index} if index else dict(meta)
     arrays: dict[str, np.ndarray] = {
         "meta": np.frombuffer(json.dumps(dict(meta), sort_keys=True).encode(), np.uint8)
     }
+    for i, (_, arrays_of) in enumerate(parts):
+        for key, array in sorted(arrays_of.items()):
+            arrays[f"table/{i}/{key}"] = np.asarray(array)
     for name, value in values.items():
         arrays[f"value/{name}"] = np.asarray(value)
         for k, leaf in enumerate(jax.tree_util.tree_leaves(states[name])):
@@ -101,7 +115,11 @@ def read(path: Path, *, expected_sha256: str) -> Contents:
                 elif kind == "state":
                     name, _, k = rest.rpartition("/")
                     states.setdefault(name, []).append((int(k), data[key]))
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
+            tables = {
+                str(name): {str(key): data[f"table/{i}/{key}"] for key in keys}
+                for i, (name, keys) in enumerate(meta.get("tables", []))
+            }
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as err:
         raise ShardFileError(f"checkpoint file {path} cannot be read: {err}") from err
     return Contents(
         meta=meta,
@@ -110,4 +128,5 @@ def read(path: Path, *, expected_sha256: str) -> Contents:
             n: [leaf for _, leaf in sorted(leaves, key=lambda kv: kv[0])]
             for n, leaves in states.items()
         },
+        tables=tables,
     )

@@ -10,12 +10,13 @@ store's lock (row updates write embedding shards in place, see `store`), and so 
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
 import numpy as np
 
+from jaxps_runtime.ps.dynamic import Table
 from jaxps_runtime.ps.held import Held
 from jaxps_runtime.ps.modes.policy import PsError
 from jaxps_runtime.ps.snapshots import readable
@@ -30,12 +31,23 @@ class Shards:
         self._lock = lock
         self._held: dict[str, Held] = {}
 
-    def declare(self, specs: Sequence[Spec], *, by_rows: Collection[str] | None) -> None:
+    def declare(
+        self,
+        specs: Sequence[Spec],
+        *,
+        by_rows: Collection[str] | None,
+        tables: Mapping[str, Table] | None = None,
+    ) -> None:
         """Replaces every shard with unassigned ones of `specs` (with the store's lock held).
-        `by_rows`: the shards pushes update by rows; None declares neither kind."""
+        `by_rows`: the shards pushes update by rows; None declares neither kind. `tables`: the
+        dynamic tables' parts by shard (their rows keyed by id; valued from the start)."""
+        tables = tables or {}
         self._held = {
             s.name: Held(s, by_rows=None if by_rows is None else s.name in by_rows) for s in specs
         }
+        for name, table in tables.items():
+            held = self._held[name]
+            held.by_rows, held.dynamic, held.value = True, table, table.values
 
     def table(self) -> dict[str, Held]:
         """The shards now, by name (a copy of the table, not of the shards)."""
@@ -88,11 +100,22 @@ class Shards:
         """The values of the named shards and the rows (name, row ids) of shards, all read
         under the lock: what a reader may keep (`snapshots.readable`)."""
         with self._lock:
-            out = [(h.spec, readable(h.value)) for h in map(self._valued, names)]
+            out = []
+            for held in map(self._valued, names):
+                if held.dynamic is not None:
+                    raise PsError(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"Read: {held.spec.name!r} is a dynamic embedding table's part: read "
+                        "it by ids (a selection), not whole",
+                    )
+                out.append((held.spec, readable(held.value)))
             picked = []
             for name, ids in rows:
                 held = self._valued(name)
-                picked.append((held.spec, np.asarray(held.value)[ids]))
+                if held.dynamic is not None:
+                    picked.append((held.spec, held.dynamic.pull(ids)))
+                else:
+                    picked.append((held.spec, np.asarray(held.value)[ids]))
             return out, picked
 
     def _valued(self, name: str) -> Held:

@@ -41,6 +41,8 @@ class Snapshot:
     values: dict[str, jax.Array]
     states: dict[str, Any]
     cursors: dict[str, int] = field(default_factory=dict)  # workers' data cursors at `step`
+    # dynamic tables' parts, each `dynamic.Table.snapshot`'s arrays (copies), by shard
+    tables: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -58,9 +60,12 @@ class Snapshot:
             step=step,
             epoch=epoch,
             optimizer=optimizer,
-            values={n: readable(h.value) for n, h in held if h.value is not None},
-            states={n: jax.tree_util.tree_map(readable, h.opt_state) for n, h in held},
+            values={n: readable(h.value) for n, h in held if h.value is not None and not h.dynamic},
+            states={
+                n: jax.tree_util.tree_map(readable, h.opt_state) for n, h in held if not h.dynamic
+            },
             cursors=dict(cursors),
+            tables={n: h.dynamic.snapshot() for n, h in held if h.dynamic is not None},
         )
 
 
@@ -139,6 +144,7 @@ def loaded(
     """Every declared shard's value and optimizer state from a checkpoint (`where`), on the
     device; FAILED_PRECONDITION if one is missing, or is not of its declared dtype and shape,
     or its state does not fit its optimizer (`applier(shard name)`). Nothing is changed."""
+    tensors = {n: h for n, h in tensors.items() if h.dynamic is None}  # `restore`'s own
     missing = sorted(set(tensors) - set(values))
     if missing:
         raise PsError(

@@ -43,7 +43,7 @@ import numpy as np
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime.config.training import OptimizerConfig
-from jaxps_runtime.ps import snapshots
+from jaxps_runtime.ps import dynamic, optim, snapshots
 from jaxps_runtime.ps.held import STATE_NAMES, Counters, Held
 from jaxps_runtime.ps.modes.asynchronous import Async
 from jaxps_runtime.ps.modes.bounded import Bounded
@@ -84,12 +84,14 @@ class ParameterStore:
         self.updates = Updater(
             task=task, lock=self._lock, counters=self.counters, pushes=self._pushes
         )
+        self.updates.step = lambda: self._step
         self._mode = Mode()
         self._policy: Policy = Async(self, self._mode, ())
         # Each data shard's position as of the pushes counted so far: changed with the step,
         # under the same lock, so a snapshot holds the positions that match its values.
         self._positions = Positions()
         self._saves = snapshots.Saves()  # guarded by `_lock`
+        self._untouched = False  # READY from Init with nothing counted since (guarded by `_lock`)
 
     # --- identity and state ------------------------------------------------------------
 
@@ -149,28 +151,37 @@ class ParameterStore:
         workers: Sequence[str] = (),
         by_rows: Collection[str] | None = None,
         overrides: Mapping[str, OptimizerConfig] | None = None,
+        tables: Mapping[str, tuple[dynamic.Spec, int, int]] | None = None,
     ) -> None:
         """Declares the shards and optimizer (`overrides`: others' for some shards); values come
         through `assign`. `by_rows`: the shards pushes update by rows (embedding tables'), the
-        others whole. None declares neither (either kind of update is taken)."""
+        others whole. None declares neither (either kind of update is taken). `tables`: the
+        dynamic tables' parts ({shard: (spec, ps, num_ps)}), valued from the start."""
         if (dup := streams.first_duplicate(s.name for s in specs)) is not None:
             raise PsError(grpc.StatusCode.INVALID_ARGUMENT, f"Init.tensors: {dup!r} twice")
         jitted = self.updates.compiled(optimizer)
         by_shard = {name: self.updates.compiled(o) for name, o in (overrides or {}).items()}
         mode = mode or Mode()
         policy = POLICIES[mode.kind](self, mode, workers)
+        made = {
+            name: dynamic.Table(
+                spec, optim.build((overrides or {}).get(name, optimizer)), ps=ps, num_ps=num_ps
+            )
+            for name, (spec, ps, num_ps) in (tables or {}).items()
+        }
 
         def swap() -> None:
             with self._changed:
                 self._saves.fail(f"the chief re-initialised {self.task} (epoch {epoch})")
                 self._mode, self._policy = mode, policy
                 self._positions.reset({})
-                self.shards.declare(specs, by_rows=by_rows)
+                self.shards.declare(specs, by_rows=by_rows, tables=made)
                 self._optimizer, self.updates.current = optimizer, jitted
                 self.updates.by_shard = by_shard
                 self._epoch, self._step = epoch, step
                 self._pushes.clear()
-                self._state = ps_pb2.ASSIGNING if specs else ps_pb2.READY
+                self._untouched = True  # a Restore may still come (nothing applied since)
+                self._state = ps_pb2.READY if self.shards.all_assigned() else ps_pb2.ASSIGNING
                 self._changed.notify_all()
 
         self.updates.run(swap).result()
@@ -224,6 +235,7 @@ class ParameterStore:
         with self._changed:
             duplicate = self._pushes.counted(push_id)
             if not duplicate:
+                self._untouched = False
                 self._step += 1
                 self._positions.settle(claims)
                 self._saves.reached(
@@ -330,12 +342,17 @@ class ParameterStore:
         states: Mapping[str, list[np.ndarray]],
         where: str,
         cursors: Mapping[str, int] | None = None,
+        tables: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     ) -> None:
-        """Loads every declared shard and its optimizer state (`snapshots.loaded`); READY at
+        """Loads every declared shard and its optimizer state (`snapshots.loaded`), and every
+        dynamic table's part (`tables`: `dynamic.Table.snapshot`'s arrays by shard); READY at
         `step`, with this ps's data positions of the checkpoint."""
         with self._lock:
             tensors, jitted = self.shards.table(), self.updates.current
-            if self._state != ps_pb2.ASSIGNING or jitted is None:
+            # A ps whose shards are all dynamic tables' is READY from its Init (their values
+            # need no Assign): restored before anything is counted, it is as if ASSIGNING.
+            fresh = self._state == ps_pb2.READY and self._untouched
+            if (self._state != ps_pb2.ASSIGNING and not fresh) or jitted is None:
                 raise PsError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"Restore: {self.task} is {STATE_NAMES[self._state]}; Init first",
@@ -343,12 +360,27 @@ class ParameterStore:
         loaded = snapshots.loaded(
             tensors, self.updates.applier_for, values=values, states=states, where=where
         )
+        parts = {n: h.dynamic for n, h in tensors.items() if h.dynamic is not None}
+        missing = sorted(set(parts) - set(tables or {}))
+        if missing:
+            raise PsError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"Restore: {where} has no dynamic table part {missing[0]!r}; the placement differs",
+            )
 
         def swap() -> None:
             with self._changed:
                 table = self.shards.table()
                 for name, (value, state) in loaded.items():
                     table[name].value, table[name].opt_state = value, state
+                for name, part in parts.items():
+                    try:
+                        part.restore([(tables or {})[name]])
+                    except (KeyError, ValueError, IndexError) as err:
+                        raise PsError(
+                            grpc.StatusCode.FAILED_PRECONDITION,
+                            f"Restore: {where}: dynamic table part {name!r} does not fit ({err})",
+                        ) from err
                 self._step = step
                 self._positions.reset(cursors or {})
                 self._state = ps_pb2.READY

@@ -189,7 +189,7 @@ class StreamHandlers:
         assembler: streams.Assembler,
         *,
         staging: Mapping[str, Held],
-        rows: Mapping[int, tuple[Held, np.ndarray]],
+        rows: Mapping[int, checks.RowTarget],
         policy: Policy,
         claim: Claim | None,
     ) -> PushResult:
@@ -221,8 +221,13 @@ class StreamHandlers:
                 continue
             grad = assembler.array(i)
             if i in rows:
-                held, ids = rows[i]
-                pending.append(updates.sparse(held, ids, grad, push_id=push_id, who=who))
+                held, ids, counts = rows[i]
+                if held.dynamic is not None:
+                    pending.append(
+                        updates.dynamic(held, ids, counts, grad, push_id=push_id, who=who)
+                    )
+                else:
+                    pending.append(updates.sparse(held, ids, grad, push_id=push_id, who=who))
             elif not sync:
                 pending.append(updates.dense(staging[spec.name], grad, push_id=push_id, who=who))
         updates.settle(pending)
@@ -316,8 +321,13 @@ class StreamHandlers:
         store.policy.before_read(task, is_active=context.is_active)
         picks = []
         for i, selection in enumerate(selections):
-            spec = store.shards.held(selection.name, where=f"Read.selections[{i}]").spec
-            ids = checks.row_ids(selection.rows, spec, where=f"Read.selections[{i}].rows")
+            held = store.shards.held(selection.name, where=f"Read.selections[{i}]")
+            ids = checks.row_ids(
+                selection.rows,
+                held.spec,
+                where=f"Read.selections[{i}].rows",
+                keyed=held.dynamic is not None,
+            )
             picks.append((selection.name, ids))
         step, values, rows = store.snapshot(names, picks)
         store.counters.add("reads")

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxps_runtime.config.training import OptimizerConfig
-from jaxps_runtime.ps import optim
+from jaxps_runtime.ps import dynamic, optim
 from jaxps_runtime.ps.held import Counters, Held
 from jaxps_runtime.ps.modes.policy import PsError
 from jaxps_runtime.ps.pushes import PushLog
@@ -79,6 +79,7 @@ class Updater:
         self._compiled: dict[str, Jitted] = {}  # by optimizer JSON: a re-Init reuses the jits
         self.current: Jitted | None = None  # the current optimizer's: set by Init, under lock
         self.by_shard: dict[str, Jitted] = {}  # shards with an optimizer of their own (Init's)
+        self.step: Callable[[], int] = lambda: 0  # the store's step (what LRU orders rows by)
 
     def compiled(self, optimizer: OptimizerConfig) -> Jitted:
         """The jitted updates of `optimizer` (compiled once per optimizer and ps)."""
@@ -148,6 +149,41 @@ class Updater:
                 return value, applier.scatter(value, state, unique, new_rows, new_state), True
 
         return self._submit(held, push_id, update, who=who)
+
+    def dynamic(
+        self,
+        held: Held,
+        ids: np.ndarray,
+        counts: np.ndarray | None,
+        grads: np.ndarray,
+        *,
+        push_id: str,
+        who: str = "an update",
+    ) -> Future[None]:
+        """Queues one push's rows of a dynamic table (`dynamic.Table.push`: admission,
+        eviction, the rows' update), at the step the ps is at when it runs (what LRU orders
+        by); repeated ids are merged first. Not finite: refused as `dense`."""
+        table = held.dynamic
+        unique, occurrences, summed = dynamic.merged(ids, counts, grads)
+
+        def run() -> None:
+            started = time.perf_counter()
+            with self._lock:
+                ok = table.push(self.step(), unique, occurrences, summed)
+                if ok:
+                    self._pushes.note_update(push_id, held.spec.name)
+            if not ok:
+                name = held.spec.name
+                raise PsError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"Update: the update is not finite: the optimizer's step on {name!r} "
+                    f"({who}) gives NaN or inf; {self.task} keeps its rows as they were (is "
+                    "the learning rate too large?)",
+                    reason=NONFINITE_UPDATE,
+                )
+            self.counters.add("apply_seconds", time.perf_counter() - started)
+
+        return self._executor.submit(run)
 
     def _submit(
         self,

@@ -26,17 +26,18 @@ def run(task: Task) -> int:
         coordinator.register(timeout=training.startupTimeoutSeconds)
         step = client.wait_ready(timeout=training.startupTimeoutSeconds)
         every = training.evalEverySteps
+        rows, test = task.test_rows()
         while True:
             task.stop.check()
             target = min(training.steps, (step // every + 1) * every)
             try:
-                step, named = client.read(min_step=target)
+                step, named = client.read(min_step=target, rows=rows)
             except PsClientError as err:
                 log.warning("%s; waiting for the ps tier to be ready again", err)
                 client.incarnations = [0] * len(client.incarnations)
                 step = client.wait_ready(timeout=training.startupTimeoutSeconds)
                 continue
-            results = task.evaluate(task.layout.unflatten(named))
+            results = task.evaluate(task.layout.unflatten(named), test)
             task.metrics.set_eval(results)
             task.metrics.global_step.set(step)
             tensorboard.scalars(results, step=step)

@@ -61,6 +61,14 @@ class InvalidDataError(JobFailure):
     reason = config.FINAL_EXITS[config.EXIT_INVALID_TRAINING]
 
 
+class InvalidTrainingError(JobFailure):
+    """The training configuration does not fit the model (found only once it is built: a
+    dynamic table the model does not read by ids)."""
+
+    exit_code = config.EXIT_INVALID_TRAINING
+    reason = config.FINAL_EXITS[config.EXIT_INVALID_TRAINING]
+
+
 class UserCodeError(JobFailure):
     exit_code = config.EXIT_USER_CODE
     reason = config.FINAL_EXITS[config.EXIT_USER_CODE]

@@ -110,6 +110,7 @@ def restore_or_initialise(
             workers=workers,
             tables=set(task.tables),
             optimizers=task.optimizers,
+            dynamic=task.dynamic,
         )
         try:
             client.restore(
@@ -145,6 +146,7 @@ def restore_or_initialise(
         workers=workers,
         tables=set(task.tables),
         optimizers=task.optimizers,
+        dynamic=task.dynamic,
     )
     log.info(
         "initialised %d variables (%.1f MB) from seed %d on %d ps at epoch %d",

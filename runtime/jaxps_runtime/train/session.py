@@ -240,6 +240,7 @@ class Session:
         grads: Mapping[str, Any],
         *,
         rows: Rows | None = None,
+        counts: Mapping[str, np.ndarray] | None = None,
         loss: float | None = None,
         finite: bool | None = None,
     ) -> bool:
@@ -248,7 +249,9 @@ class Session:
         optimizer applies them. True when the batch counted on every ps; False when it did not
         (a sync step closed without it, a ps lost, training over): the loop goes on with the
         next batch, which the session gives again if it is to be trained again. `finite`: the
-        caller checked the loss and gradients already (else the session checks them)."""
+        caller checked the loss and gradients already (else the session checks them).
+        `counts`: per dynamic table, each row id's occurrences in the batch (what admission
+        counts; default one per row given)."""
         if self._over or self._void:
             self._void, self._marks = False, []
             return False
@@ -281,6 +284,7 @@ class Session:
                 step=step,
                 variables=dense,
                 rows=rows,
+                counts=counts,
                 shard=at.shard if at else "",
                 cursor=at.cursor if at else 0,
                 lease=at.lease if at else 0,

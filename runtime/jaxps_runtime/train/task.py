@@ -29,6 +29,7 @@ from jaxps_runtime.process import stopping
 from jaxps_runtime.process.metrics import Metrics
 from jaxps_runtime.train import outcome
 from jaxps_runtime.train.coordinator import CoordinatorClient
+from jaxps_runtime.wire import tables as wire_tables
 from jaxps_runtime.wire.credentials import TaskCredentials
 
 log = logging.getLogger(__name__)
@@ -88,12 +89,58 @@ class Task:
     @functools.cached_property
     def placement(self) -> placement.Placement:
         p = self.training.placement
+        num_ps = self.spec.cluster.num_tasks(cluster.PS)
+        variables = [
+            placement.Variable(v.name, (num_ps * spec.max_rows, spec.dim), "float32")
+            if (spec := self.dynamic.get(v.name)) is not None
+            else v
+            for v in placement.variables_of(self.shapes)
+        ]
         return placement.plan(
-            placement.variables_of(self.shapes),
-            num_ps=self.spec.cluster.num_tasks(cluster.PS),
+            variables,
+            num_ps=num_ps,
             strategy=p.strategy,
             min_shard_bytes=p.minShardBytes,
+            dynamic=set(self.dynamic),
         )
+
+    @functools.cached_property
+    def dynamic(self) -> dict[str, wire_tables.Spec]:
+        """The dynamic embedding tables (`training.embeddings`): {variable: the spec of one
+        ps's part, its maxRows the job's split over the ps}. Each must be a table the model
+        reads sparsely, of the dim its init makes; else `outcome.InvalidTrainingError`."""
+        embeddings = self.training.embeddings
+        if not embeddings:
+            return {}
+        num_ps = self.spec.cluster.num_tasks(cluster.PS)
+        sparse = dict(self.model.sparse)
+        _, leaves = placement.named_leaves(self.shapes)
+        out = {}
+        for table, config in sorted(embeddings.items()):
+            where = f"training.embeddings.{table}"
+            name = jax.tree_util.keystr((jax.tree_util.DictKey(table),))
+            if table not in sparse:
+                raise outcome.InvalidTrainingError(
+                    f"{where}: the model reads no table {table!r} by ids (its sparse tables: "
+                    f"{', '.join(sorted(sparse)) or 'none'})"
+                )
+            shape = tuple(np.shape(leaves[name])) if name in leaves else ()
+            if len(shape) != 2 or shape[1] != config.dim:
+                raise outcome.InvalidTrainingError(
+                    f"{where}.dim: {config.dim}, but the model's init makes {table!r} of shape "
+                    f"{list(shape)}: dim is its second dimension"
+                )
+            out[name] = wire_tables.Spec(
+                name=table,
+                dim=config.dim,
+                max_rows=-(-config.maxRows // num_ps),
+                min_count=config.admission.minCount,
+                probability=config.admission.probability,
+                eviction="lfu" if config.eviction == "lfu" else "lru",
+                scale=config.initializer.scale,
+                seed=self.training.seed,
+            )
+        return out
 
     @functools.cached_property
     def tables(self) -> dict[str, str]:
@@ -150,11 +197,27 @@ class Task:
     def _evaluate(self) -> Any:
         return jax.jit(self.model.evaluate)
 
-    def evaluate(self, params: Any) -> dict[str, float]:
-        """The model's metrics on the whole held-out set; `outcome.UserCodeError` when the
-        model's evaluate or the dataset's test raises."""
+    def test_rows(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+        """What an evaluation reads of the dynamic tables: ({table: the held-out set's ids,
+        each once}, the held-out set with those ids remapped to positions in them); ({}, None:
+        the set as it is) without dynamic tables."""
+        if not self.dynamic:
+            return {}, None
         with outcome.user_code("the dataset's test split", task=self.name):
-            test = self.dataset.test()
+            test = dict(self.dataset.test())
+        rows = {}
+        for variable, key in self.tables.items():
+            if variable in self.dynamic:
+                unique, _, inverse = wire_tables.dedup(np.asarray(test[key]))
+                rows[variable], test[key] = unique, inverse
+        return rows, test
+
+    def evaluate(self, params: Any, test: dict[str, np.ndarray] | None = None) -> dict[str, float]:
+        """The model's metrics on the whole held-out set (`test`: as `test_rows` remapped it);
+        `outcome.UserCodeError` when the model's evaluate or the dataset's test raises."""
+        if test is None:
+            with outcome.user_code("the dataset's test split", task=self.name):
+                test = self.dataset.test()
         with outcome.user_code("the model's evaluate", task=self.name):
             values = self._evaluate(params, test)
             return {k: float(v) for k, v in values.items()}

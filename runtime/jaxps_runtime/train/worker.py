@@ -14,6 +14,7 @@ Recovery, draining, heartbeats and exactly-once are the session's.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from jaxps_runtime.model import builtin as models
 from jaxps_runtime.train import divergence, outcome
 from jaxps_runtime.train.session import Session
 from jaxps_runtime.train.task import Task
+from jaxps_runtime.wire import tables as tables_of
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,9 @@ class Worker:
                         f"{task.name}: dataset {task.training.dataset.name!r}, batch at step "
                         f"{session.global_step}: {problem}"
                     )
-                rows = _wanted_rows(batch, tables=task.tables, table_rows=self._table_rows)
+                rows, counts = _wanted_rows(
+                    batch, tables=task.tables, table_rows=self._table_rows, dynamic=task.dynamic
+                )
                 params = session.pull(rows=rows)
                 if session.over:
                     continue
@@ -62,6 +66,7 @@ class Worker:
                 session.push(
                     named,
                     rows={v: (ids, named[v]) for v, ids in rows.items()},
+                    counts=counts,
                     loss=float(loss),
                     finite=bool(finite),
                 )
@@ -75,7 +80,9 @@ class Worker:
             return
         with outcome.user_code("the dataset's train_batch", task=task.name):
             batch = plan.read(task.dataset, epoch=0, batch=plan.short_batch)
-        rows = _wanted_rows(batch, tables=task.tables, table_rows=self._table_rows)
+        rows, _ = _wanted_rows(
+            batch, tables=task.tables, table_rows=self._table_rows, dynamic=task.dynamic
+        )
         _, params = session.client.read(variables=task.dense_variables, rows=rows)
         with outcome.user_code("the model's loss", task=task.name):
             _, _, finite = self._grad(task.layout.unflatten(params), batch)
@@ -83,23 +90,33 @@ class Worker:
 
 
 def _wanted_rows(
-    batch: dict[str, np.ndarray], *, tables: dict[str, str], table_rows: dict[str, int]
-) -> dict[str, np.ndarray]:
+    batch: dict[str, np.ndarray],
+    *,
+    tables: dict[str, str],
+    table_rows: dict[str, int],
+    dynamic: Collection[str] = (),
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The rows the batch uses per table, unique; remaps the batch's ids to positions in
     them. Padded (with the first row again, whose padding gradients are zero) to as many
     rows as the batch has ids or the table has rows, whichever is fewer: one shape per
     table for every batch, so the step compiles once, whatever the number of unique ids
-    (a model with many tables would otherwise meet new shapes at nearly every step)."""
+    (a model with many tables would otherwise meet new shapes at nearly every step). And,
+    per `dynamic` table (ids any int64), each row's occurrences in the batch (0: padding),
+    what its admission counts."""
     wanted: dict[str, np.ndarray] = {}
+    counts: dict[str, np.ndarray] = {}
     for variable, key in tables.items():
         ids = np.asarray(batch[key], dtype=np.int64)
-        unique, inverse = np.unique(ids, return_inverse=True)
+        unique, seen, inverse = tables_of.dedup(ids)
         size = max(min(ids.size, table_rows[variable]), unique.size)
         padded = np.full(size, unique[0] if unique.size else 0, np.int64)
         padded[: unique.size] = unique
         wanted[variable] = padded
         batch[key] = inverse.reshape(ids.shape)
-    return wanted
+        if variable in dynamic:
+            counts[variable] = np.zeros(size, np.int64)
+            counts[variable][: unique.size] = seen
+    return wanted, counts
 
 
 def run(task: Task) -> int:

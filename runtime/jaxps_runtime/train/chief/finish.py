@@ -63,7 +63,8 @@ class Finish:
         self._drain()
         evaluator = self.membership.member("evaluator-0")
         self.checkpointer.wait()
-        step, named = client.read()
+        rows, test = self.task.test_rows()  # dynamic tables: the held-out set's rows
+        step, named = client.read(rows=rows)
         root = self.checkpointer.root
         if root is not None and step not in {m.step for m in checkpoint.committed(root)[:1]}:
             # The final checkpoint, after the workers drained (TF#32549: not before); none when
@@ -93,14 +94,18 @@ class Finish:
         if evaluator is not None and evaluator.done and evaluator.metrics:
             evaluation = dict(evaluator.metrics)  # the evaluator wrote them to TensorBoard
         else:
-            evaluation = self.task.evaluate(self.task.layout.unflatten(named))
+            evaluation = self.task.evaluate(self.task.layout.unflatten(named), test)
             evaluated = summaries.Writer(
                 training.tensorboard, run=summaries.EVAL, task=self.task.name
             )
             evaluated.scalars(evaluation, step=step)
             evaluated.close()
         if training.exportPath:
-            _export(Path(training.exportPath), named)
+            # a dynamic table is in its checkpoint, by id: not a [rows, dim] array to export
+            _export(
+                Path(training.exportPath),
+                {n: v for n, v in named.items() if n not in self.task.dynamic},
+            )
         self.task.stop.check()  # stopping: the ps tasks stay up for a replacement chief
         done = summary(
             step=step,
