@@ -163,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         log, rows=args.rows, cardinalities=cardinalities, hash_ids=args.hashed
     )
     batch = 256
+    # each column's distinct values in the log (no more than its cardinality: a Zipf tail)
+    distinct = [len(np.unique(c)) for c in pq.read_table(log, columns=CATEGORICAL).columns]
     max_rows = (
-        [max(batch, round(c * args.max_rows_share)) for c in cardinalities] if args.hashed else None
+        [max(batch, round(n * args.max_rows_share)) for n in distinct] if args.hashed else None
     )
     print(
         f"click log: {args.rows} rows, click rate {rate:.3f}, tables {cardinalities[:4]}..., "
@@ -204,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         "examplesPerSecond": round(progress.get("stepsPerSecond", 0) * 256, 1),
         "tables": {} if args.hashed else placement_of_tables(args.workdir / "job"),
         "hashed": args.hashed,
-        **({"maxRows": sum(max_rows), "distinctIds": sum(cardinalities)} if max_rows else {}),
+        "distinctIds": sum(distinct),
+        **({"maxRows": sum(max_rows)} if max_rows else {}),
     }
     print("embedding tables across the ps (largest first):")
     for column, shards in result["tables"].items():

@@ -165,6 +165,22 @@ class Metrics:
             ["task", "reason"],
             registry=self.registry,
         )
+        self.embedding = Gauge(
+            "jaxps_ps_embedding",
+            "A ps's part of each dynamic embedding table (training.embeddings), by what: "
+            "resident (rows held now), capacity (the most it holds), and since the part was "
+            "made (Init or Restore) admitted, evicted, lookups (ids read), hits (of those, "
+            "resident) and dropped (gradients of ids not admitted).",
+            ["task", "table", "what"],
+            registry=self.registry,
+        )
+        self.embedding_hit_rate = Gauge(
+            "jaxps_ps_embedding_hit_rate",
+            "Of the ids a dynamic embedding table's part on a ps was asked for, the share "
+            "resident (hits / lookups; 0 before any lookup).",
+            ["task", "table"],
+            registry=self.registry,
+        )
         self._eval = Gauge(
             "jaxps_eval",
             "The latest evaluation metrics.",

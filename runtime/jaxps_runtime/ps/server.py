@@ -320,6 +320,12 @@ def _refresh_metrics(server: PsServer, metrics: Metrics) -> None:
             ):
                 counter.inc(counters.get(key, 0.0) - seen[key])
                 seen[key] = counters.get(key, 0.0)
+            for table, part in store.table_counters().items():
+                for what, value in part.items():
+                    metrics.embedding.labels(task=server.task, table=table, what=what).set(value)
+                lookups = part["lookups"]
+                rate = part["hits"] / lookups if lookups else 0.0
+                metrics.embedding_hit_rate.labels(task=server.task, table=table).set(rate)
         metrics.ready.clear()
 
     threading.Thread(target=refresh, name="metrics", daemon=True).start()

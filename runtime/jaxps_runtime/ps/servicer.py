@@ -86,7 +86,14 @@ class ParameterServicer:
             state=store.state,
             step=store.step,
             tensors=[s.to_proto() for s in store.shards.specs()],
-            counters=store.counters.snapshot(),
+            counters={
+                **store.counters.snapshot(),
+                **{
+                    f"table/{name}/{key}": value
+                    for name, part in store.table_counters().items()
+                    for key, value in part.items()
+                },
+            },
             optimizer=store.optimizer_json(),
             mode=store.mode.kind,
             awaiting=store.policy.awaiting(),

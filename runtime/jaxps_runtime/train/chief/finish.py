@@ -118,6 +118,8 @@ class Finish:
             checkpoint_error=self.checkpoint_error,
             recoveries=recoveries,
         )
+        if self.task.dynamic:
+            done["embeddings"] = embeddings(client.statuses())
         log.info("done: step %d, eval %s", step, done["eval"])
         line = json.dumps(done)
         termination.write([recorded(done)])  # the outcome, recorded
@@ -169,6 +171,31 @@ class Finish:
                 return
             self.task.stop.sleep(min(0.05, training.heartbeatSeconds))
         log.warning("%s did not hear that training is over", ", ".join(waiting))
+
+
+def embeddings(statuses: Sequence[Any]) -> dict[str, dict[str, float]]:
+    """Each dynamic table over every ps, from their Status counters (`table/<name>/<what>`):
+    resident rows and capacity, admitted, evicted, lookups and the hit rate since the parts
+    were made (Init or Restore)."""
+    tables: dict[str, dict[str, float]] = {}
+    for status in statuses:
+        for key, value in status.counters.items():
+            kind, _, rest = key.partition("/")
+            name, _, what = rest.rpartition("/")
+            if kind == "table" and name:
+                part = tables.setdefault(name, {})
+                part[what] = part.get(what, 0.0) + value
+    return {
+        name: {
+            "resident": int(part.get("resident", 0)),
+            "maxRows": int(part.get("capacity", 0)),
+            "admitted": int(part.get("admitted", 0)),
+            "evicted": int(part.get("evicted", 0)),
+            "lookups": int(part.get("lookups", 0)),
+            "hitRate": round(part["hits"] / part["lookups"], 4) if part.get("lookups") else 0.0,
+        }
+        for name, part in sorted(tables.items())
+    }
 
 
 def summary(
