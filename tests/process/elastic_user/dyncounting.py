@@ -15,17 +15,13 @@ table is declared 2 rows: a dynamic table's rows are the ps's.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-try:
-    from counting import CountingDataset
-except ImportError:  # imported as tests.process.elastic_user.dyncounting (a test reads its keys)
-    from tests.process.elastic_user.counting import CountingDataset
 
 
 def keys(records: int) -> np.ndarray:
@@ -54,18 +50,30 @@ class DynamicCountingModel:
         return {"loss": self.loss(params, batch)}
 
 
-class DynamicCountingDataset(CountingDataset):
-    """`counting`'s records, each as ``{"key": KEYS[i]}``."""
+class DynamicCountingDataset:
+    """`counting`'s records, each as ``{"key": keys(records)[i]}``; reading a batch takes
+    ``batch_seconds``."""
 
     def __init__(self, *, records: int, batch_seconds: float) -> None:
-        super().__init__(records=records, batch_seconds=batch_seconds)
+        self.num_train = records
+        self.batch_seconds = batch_seconds
         self._keys = keys(records)
 
     def examples(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        return {"key": self._keys[super().examples(rows)["id"]]}
+        """The training rows `rows` (the shard queue's batches)."""
+        if self.batch_seconds:
+            time.sleep(self.batch_seconds)
+        return {"key": self._keys[rows]}
+
+    def train_batch(
+        self, *, worker: int, num_workers: int, step: int, batch_size: int
+    ) -> dict[str, np.ndarray]:
+        """The dataset protocol's batch; the runtime reads `examples` instead."""
+        rows = (np.arange(batch_size) + (step * num_workers + worker) * batch_size) % self.num_train
+        return self.examples(rows)
 
     def test(self) -> dict[str, np.ndarray]:
-        return {"key": self._keys[super().test()["id"]]}
+        return {"key": self._keys[:32].copy()}
 
 
 def make_model(**kwargs: Any) -> DynamicCountingModel:
