@@ -11,7 +11,8 @@ Pure but for `read_metrics`/`of_task`: the planner computes `status.progress` wi
 Status is strict JSON: a non-finite loss is null with a `note`; `lastCheckpointStep` appears
 only once there is a checkpoint; `stepTime` is when the step last moved (the Stalled clock);
 `data` is the chief's shard queue (`DATA`: epoch, shards, done, leased, leases reclaimed);
-`checkpointError` says why the final checkpoint failed (the summary's words).
+`checkpointError` says why the final checkpoint failed (the summary's words); `embeddings`, each
+dynamic table over the ps at the end (the summary's).
 """
 
 from __future__ import annotations
@@ -172,6 +173,24 @@ def summary(text: str | None) -> dict[str, Any] | None:
     return None
 
 
+TABLE_FIELDS = ("resident", "maxRows", "admitted", "evicted", "lookups", "hitRate")
+
+
+def _tables(raw: object) -> dict[str, dict[str, float]]:
+    """The summary's dynamic tables (`embeddings`: {table: {resident, maxRows, admitted,
+    evicted, lookups, hitRate}}), their finite numbers only: what a chief wrote is not trusted
+    to be well formed."""
+    if not isinstance(raw, Mapping):
+        return {}
+    out = {}
+    for name, part in raw.items():
+        if isinstance(name, str) and isinstance(part, Mapping):
+            kept = {k: part[k] for k in TABLE_FIELDS if _finite(part.get(k))}
+            if kept:
+                out[name] = kept
+    return out
+
+
 def final(
     previous: Mapping[str, Any], done: Mapping[str, Any], *, now: datetime | None = None
 ) -> dict[str, Any]:
@@ -193,6 +212,9 @@ def final(
     if evals:
         progress["eval"] = evals
     _eval_note(progress, evaluation)
+    tables = _tables(done.get("embeddings"))
+    if tables:
+        progress["embeddings"] = tables
     error = done.get("checkpointError")
     if isinstance(error, str) and error:  # trained, but the last steps are in no checkpoint
         progress["checkpointError"] = error[:CHECKPOINT_ERROR_CHARS]

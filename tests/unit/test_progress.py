@@ -162,3 +162,18 @@ def test_an_evaluation_metric_that_is_not_finite_is_named_in_the_note() -> None:
     )
     assert "eval" not in merged
     assert merged["note"] == "the evaluation's loss was not finite"
+
+
+def test_the_final_summary_gives_each_dynamic_table_with_finite_numbers_only() -> None:
+    table = {"resident": 10, "maxRows": 20, "admitted": 12, "evicted": 2, "lookups": 99}
+    done = {
+        **DONE,
+        "embeddings": {
+            "items": {**table, "hitRate": 0.5, "extra": 1},
+            "users": {"hitRate": math.nan},  # nothing finite: left out
+            "bad": "not a table",
+        },
+    }
+    out = progress.final({}, done)
+    assert out["embeddings"] == {"items": {**table, "hitRate": 0.5}}
+    assert "embeddings" not in progress.final({}, DONE)

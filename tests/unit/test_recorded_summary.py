@@ -55,3 +55,23 @@ def test_many_metrics_and_a_long_checkpoint_error_still_leave_a_whole_summary() 
     assert found["evalLeftOut"] + len(found["eval"]) == 500
     assert found["checkpointError"].startswith("no space left on device")
     assert len((json.dumps(found) + "\n").encode()) <= termination.LIMIT_BYTES
+
+
+def test_many_dynamic_tables_keep_the_largest_and_count_the_rest() -> None:
+    summary = done(recoveries=3)
+    summary["embeddings"] = {
+        f"C{i}": {
+            "resident": 1000 * i,
+            "maxRows": 10**6,
+            "admitted": 10**7,
+            "evicted": 10**7,
+            "lookups": 10**9,
+            "hitRate": 0.9876,
+        }
+        for i in range(1, 60)
+    }
+    found = kept(summary)
+    assert found["recoveries"] == summary["recoveries"]  # tables give way first
+    assert found["embeddingsLeftOut"] + len(found["embeddings"]) == 59
+    assert "C59" in found["embeddings"]  # the largest are kept
+    assert "C1" not in found["embeddings"]

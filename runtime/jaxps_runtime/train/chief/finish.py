@@ -245,13 +245,21 @@ def summary(
 def recorded(done: dict[str, Any], limit: int = termination.LIMIT_BYTES) -> str:
     """The summary `done` as one JSON line that the termination log keeps whole (`limit` bytes
     with its line break): the control plane reads the job's outcome there, and a cut line is
-    no summary. A long history is shortened, the oldest recoveries first (`recoveriesLeftOut`
-    counts them), then evaluation metrics past those that fit (`evalLeftOut`), then a long
-    checkpoint error; stdout keeps the whole summary."""
+    no summary. A long history is shortened: the dynamic tables with the fewest resident
+    rows first (`embeddingsLeftOut` counts them), then the oldest recoveries
+    (`recoveriesLeftOut`), then evaluation metrics past those that fit (`evalLeftOut`), then a
+    long checkpoint error; stdout keeps the whole summary."""
     fitted = dict(done)
 
     def fits() -> bool:
         return len(json.dumps(fitted).encode()) < limit
+
+    tables = dict(fitted.get("embeddings") or {})
+    by_size = sorted(tables, key=lambda name: (tables[name].get("resident", 0), name))
+    while by_size and not fits():
+        del tables[by_size.pop(0)]
+        fitted["embeddings"] = tables
+        fitted["embeddingsLeftOut"] = len(done["embeddings"]) - len(tables)
 
     recoveries = list(fitted.get("recoveries") or [])
     while recoveries and not fits():
