@@ -32,6 +32,7 @@ TF_PYTHON = "TF_PYTHON"  # replaced by --tf-python
 COMMANDS = (
     "transport.py",
     "training.py",
+    "embeddings.py",
     "recovery.py",
     "recovery.py --kubernetes",
     "admission.py",
