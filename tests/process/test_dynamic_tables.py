@@ -4,7 +4,9 @@ every applied batch adds exactly 1 to the row of each of its records, run by `ja
 while a worker and a ps are SIGKILLed. The rows are read from the final checkpoint (a dynamic
 table is checkpointed by id in each ps's part; it is not exported), and every record's count
 must be what that ps's own ledger (its data positions) says was applied, as test_exactly_once
-checks for a fixed vector; every id on the ps its hash names."""
+checks for a fixed vector; every id on the ps its hash names. Then a job of 3 ps resumes from
+the same checkpoint.dir: the chief cuts it for 3 ps (`train.reshard`), and the counts stay
+exact."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from tests.process.elastic_user import dyncounting
 from tests.process.test_exactly_once import (
     BATCH,
     RECORDS,
+    Run,
     applied_by_ledger,
     counting_job,
     jaxps_local,
@@ -40,12 +43,12 @@ SEQUENCE = (
 )
 
 
-def dynamic_job(**training: Any) -> dict[str, Any]:
-    job = counting_job("async", batch_seconds=0.06, **training)
+def dynamic_job(steps: int = STEPS) -> dict[str, Any]:
+    job = counting_job("async", batch_seconds=0.06)
     spec = job["spec"]["training"]
     spec["model"] = {"name": "dyncounting", "module": "dyncounting:make_model"}
     spec["dataset"]["module"] = "dyncounting:make_dataset"
-    spec["steps"] = STEPS
+    spec["steps"] = steps
     # each ps holds maxRows / 2: twice the records, as the hash need not split them evenly
     spec["embeddings"] = {"count": {"dim": 1, "maxRows": 2 * RECORDS, "initializer": {"scale": 0}}}
     del spec["exportPath"], spec["placement"]
@@ -53,18 +56,36 @@ def dynamic_job(**training: Any) -> dict[str, Any]:
     return job
 
 
-def test_every_admitted_ids_count_is_exact_through_worker_and_ps_kills(tmp_path: Path) -> None:
+def test_every_admitted_ids_count_is_exact_through_kills_and_onto_more_ps(
+    tmp_path: Path,
+) -> None:
     run = jaxps_local(tmp_path, dynamic_job(), *SEQUENCE)
+    exact_counts(run, num_ps=2, steps=STEPS)
+    summary = run.log("chief-0")
+    assert '"embeddings"' in summary, summary[-3000:]
+    assert '"hitRate"' in summary, summary[-3000:]
+    # The same checkpoint.dir, a job of 3 ps: the table's rows re-partitioned by the hash
+    more = dynamic_job(steps=STEPS + 80)
+    more["spec"]["replicaSpecs"]["ps"]["replicas"] = 3
+    again = jaxps_local(tmp_path, more)
+    assert "cut the checkpoint of step" in again.log("chief-0"), again.logs()
+    exact_counts(again, num_ps=3, steps=STEPS + 80)
+
+
+def exact_counts(run: Run, *, num_ps: int, steps: int) -> None:
+    """Every record's row in the final checkpoint, on the ps its id's hash names, holds what
+    that ps's ledger says was applied; every record admitted; one batch per step."""
     assert run.code == 0, run.logs()
     assert run.status["state"] == "Succeeded", run.logs()
     root = run.workdir / "checkpoints"
     manifest = checkpoint.committed(root)[0]
-    assert manifest.step >= STEPS, run.logs()
+    assert manifest.step >= steps, run.logs()
     assert manifest.placement.get("dynamic") == [TABLE]
     keys = dyncounting.keys(RECORDS)
     position = {int(k): i for i, k in enumerate(keys)}
     visits = np.full(RECORDS, -1, np.int64)
     ledger = np.full(RECORDS, -1, np.int64)
+    assert len(manifest.shards) == num_ps
     for record in manifest.shards:
         contents = shardfile.read(
             checkpoint.step_dir(root, manifest.step) / Path(record.file).name,
@@ -73,13 +94,14 @@ def test_every_admitted_ids_count_is_exact_through_worker_and_ps_kills(tmp_path:
         part = contents.tables[f"{TABLE}/{record.ps}"]
         assert int(contents.meta["step"]) == manifest.step
         # every id on the ps its hash names, each once, values whole
-        assert (tables.owner(part["keys"], 2) == record.ps).all()
+        assert (tables.owner(part["keys"], num_ps) == record.ps).all()
         assert len(set(part["keys"].tolist())) == part["keys"].size
         mine = [position[int(k)] for k in part["keys"]]
         visits[mine] = part["values"][:, 0]
-        theirs = np.flatnonzero(tables.owner(keys, 2) == record.ps)
+        theirs = np.flatnonzero(tables.owner(keys, num_ps) == record.ps)
         ledger[theirs] = applied_by_ledger(dict(record.cursors))[theirs]
     report = {
+        "ps": num_ps,
         "steps": manifest.step,
         "min": int(visits.min()),
         "max": int(visits.max()),
@@ -97,6 +119,3 @@ def test_every_admitted_ids_count_is_exact_through_worker_and_ps_kills(tmp_path:
     )
     assert visits.max() - visits.min() <= 1, report
     assert visits.sum() == manifest.step * BATCH, (report, run.logs())
-    summary = run.log("chief-0")
-    assert '"embeddings"' in summary, summary[-3000:]
-    assert '"hitRate"' in summary, summary[-3000:]

@@ -324,20 +324,35 @@ def test_a_corrupted_shard_file_is_named_and_the_previous_checkpoint_is_used(
     assert f"checkpoint file {damaged} is corrupt" in log
 
 
-def test_a_checkpoint_of_another_placement_is_refused_with_a_clear_error(
+def test_a_checkpoint_of_another_ps_count_is_cut_for_the_job_and_another_placement_refused(
     jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     first = _start(jobs, training=_training(tmp_path, steps=60), log_dir=tmp_path / "first")
     _finish(first)
-    second = _start(jobs, training=_training(tmp_path, steps=80), log_dir=tmp_path / "second", ps=1)
+    # 2 ps -> 3: every variable and its adam state put back together and cut again
+    second = _start(jobs, training=_training(tmp_path, steps=80), log_dir=tmp_path / "second", ps=3)
+    summary = _finish(second)
+    assert summary["startedFrom"] == {"how": "restored", "step": 60}, second.logs()
+    assert summary["step"] == 80
+    assert summary["eval"]["accuracy"] > 0.5  # trained on from the first job's values
+    said = (tmp_path / "second" / "worker-0.log").read_text()
+    assert "cut the checkpoint of step 60 (2 ps) for 3 ps" in said
+    assert not list((tmp_path / "ckpt").glob("reshard-*"))  # the cut parts are removed
+    # the same 3 ps, another placement: refused, naming the field
+    third = _start(
+        jobs,
+        training=_training(tmp_path, steps=100, placement={"minShardBytes": 1024}),
+        log_dir=tmp_path / "third",
+        ps=3,
+    )
     # Only the chief (worker-0) ends: the ps stays up for a replacement chief, as it should,
     # and the `jobs` fixture stops it (waiting for every process here took 120 s).
-    code = second.processes["worker-0"].wait(timeout=120)
+    code = third.processes["worker-0"].wait(timeout=120)
     # final (InvalidTraining): a replacement chief would meet the same checkpoint; exit 1 was
     # retried to the backoff limit, which then named no cause
-    assert code == 78, second.logs()
-    said = (tmp_path / "second" / "worker-0.log").read_text()
-    assert "placement.numPs is 2, the job has 1" in said
+    assert code == 78, third.logs()
+    said = (tmp_path / "third" / "worker-0.log").read_text()
+    assert "placement.minShardBytes is 262144, the job has 1024" in said
     assert f"training.checkpoint.dir {str(tmp_path / 'ckpt')!r} holds a checkpoint" in said
 
 

@@ -7,13 +7,15 @@
   committed checkpoint, at a new epoch, so no ps is silently reset alone (TF#2461). A shard
   file that fails its checksum is reported by name and the previous checkpoint is tried.
 - With no usable checkpoint the variables are initialised from the seed, at step 0.
-A checkpoint made for another placement or optimizer is refused (`CheckpointError`): the chief
-stops with that error rather than train from something it cannot load.
+A checkpoint made on another number of ps is cut for this job's (`reshard`); one made for
+another model, placement or optimizer is refused (`CheckpointError`): the chief stops with that
+error rather than train from something it cannot load.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +23,8 @@ import grpc
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps_runtime.client.psclient import PsClient, PsClientError
-from jaxps_runtime.train import checkpoint
+from jaxps_runtime.ps import shardfile
+from jaxps_runtime.train import checkpoint, reshard
 from jaxps_runtime.train.task import Task
 from jaxps_runtime.wire.terms import Mode
 
@@ -74,7 +77,10 @@ def _compatible(manifest: checkpoint.Manifest, task: Task, *, root: Path | None,
     """Raises `checkpoint.IncompatibleCheckpointError` (final: InvalidTraining) for a
     committed checkpoint this job cannot restore, naming what differs and the field."""
     try:
-        checkpoint.check_placement(manifest, task.placement.to_dict())
+        if reshard.needed(manifest, task.placement):
+            reshard.check(manifest, task.placement)
+        else:
+            checkpoint.check_placement(manifest, task.placement.to_dict())
         optimizer = task.training.optimizer.to_json()
         if manifest.optimizer != optimizer:
             raise checkpoint.IncompatibleCheckpointError(
@@ -82,9 +88,10 @@ def _compatible(manifest: checkpoint.Manifest, task: Task, *, root: Path | None,
                 f"{manifest.optimizer}, the job uses {optimizer}"
             )
         files = sorted(r.ps for r in manifest.shards)
-        if files != list(range(ps)):
+        saved = int(manifest.placement.get("numPs", ps))
+        if files != list(range(saved)):
             raise checkpoint.IncompatibleCheckpointError(
-                f"checkpoint of step {manifest.step} has files for ps {files}, the job has {ps} ps"
+                f"checkpoint of step {manifest.step} has files for ps {files}, made by {saved} ps"
             )
     except checkpoint.IncompatibleCheckpointError as err:
         raise checkpoint.IncompatibleCheckpointError(
@@ -100,7 +107,27 @@ def restore_or_initialise(
     root = _root(task)
     for manifest in checkpoint.committed(root) if root else []:
         _compatible(manifest, task, root=root, ps=len(client.addresses))
-        files = {r.ps: (r.file, r.sha256) for r in manifest.shards}
+        files = [(r.file, r.sha256) for r in sorted(manifest.shards, key=lambda r: r.ps)]
+        cursors = [dict(r.cursors) for r in sorted(manifest.shards, key=lambda r: r.ps)]
+        made: Path | None = None
+        if reshard.needed(manifest, task.placement):
+            assert root is not None
+            try:
+                files, cursors, made = reshard.reshard(manifest, task, root=root)
+            except (shardfile.ShardFileError, checkpoint.CheckpointError, KeyError) as err:
+                log.error(
+                    "cannot cut the checkpoint of step %d for %d ps: %s; trying the previous one",
+                    manifest.step,
+                    len(client.addresses),
+                    err,
+                )
+                continue
+            log.info(
+                "cut the checkpoint of step %d (%s ps) for %d ps",
+                manifest.step,
+                manifest.placement.get("numPs"),
+                len(client.addresses),
+            )
         client.init(
             None,
             optimizer=training.optimizer,
@@ -113,14 +140,7 @@ def restore_or_initialise(
             dynamic=task.dynamic,
         )
         try:
-            client.restore(
-                [files[i] for i in range(len(client.addresses))],
-                step=manifest.step,
-                cursors=[
-                    {r.ps: r.cursors for r in manifest.shards}.get(i, manifest.cursors)
-                    for i in range(len(client.addresses))
-                ],
-            )
+            client.restore(files, step=manifest.step, cursors=cursors)
         except PsClientError as err:
             if err.code != grpc.StatusCode.DATA_LOSS:
                 raise
@@ -131,6 +151,9 @@ def restore_or_initialise(
             )
             epoch += 1  # a new epoch per attempt: nothing of this one can land on the next
             continue
+        finally:
+            if made is not None:  # the ps hold it now; a later rollback cuts it again
+                shutil.rmtree(made, ignore_errors=True)
         log.info(
             "restored every ps from the checkpoint of step %d (epoch %d)", manifest.step, epoch
         )
