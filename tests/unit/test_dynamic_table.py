@@ -83,7 +83,7 @@ def test_admission_by_probability_is_a_draw_of_the_id_and_its_count() -> None:
     a, b = table(probability=0.25, max_rows=2000), table(probability=0.25, max_rows=2000)
     for t in (a, b):
         push(t, 1, ids)
-    assert sorted(a.index) == sorted(b.index)  # the same pushes, the same decisions
+    assert a.ids().tolist() == b.ids().tolist()  # the same pushes, the same decisions
     assert 200 < a.resident < 300, a.resident
 
 
@@ -98,8 +98,8 @@ def test_resident_rows_never_pass_max_rows_and_the_policy_picks_the_victim(polic
     push(t, 6, [5])
     assert t.resident == 4
     assert t.counters.evicted == 1
-    gone = {1, 2, 3, 4, 5} - set(t.index)
-    assert gone == ({2} if policy == "lru" else {3}), (policy, sorted(t.index))
+    gone = {1, 2, 3, 4, 5} - set(t.ids().tolist())
+    assert gone == ({2} if policy == "lru" else {3}), (policy, t.ids().tolist())
     rng = np.random.default_rng(0)
     for step in range(7, 200):  # a stream of mostly new ids: the bound holds at every step
         push(t, step, rng.integers(INT64.min, INT64.max, 3, dtype=np.int64).tolist())
@@ -114,13 +114,13 @@ def test_a_row_given_to_another_id_starts_from_fresh_state_and_its_own_initial_v
     assert accumulators
     assert all(np.all(a > 0.1) for a in accumulators)
     push(t, 3, [3])  # evicts id 1 (least recent)
-    assert 1 not in t.index
-    row = t.index[3]
+    assert t.row_of(1) == -1
+    row = t.row_of(3)
     fresh = Table(Spec(name="items", dim=2, max_rows=2), optax.adagrad(0.1))
     push(fresh, 1, [3])
     for used, new in zip(_leaves(t), _leaves(fresh), strict=True):
         if used.shape == (2, 2):  # the state of id 3 as if its row had never been another's
-            np.testing.assert_allclose(used[row], new[fresh.index[3]])
+            np.testing.assert_allclose(used[row], new[fresh.row_of(3)])
     np.testing.assert_allclose(t.pull(np.array([3])), fresh.pull(np.array([3])))
 
 
@@ -128,9 +128,9 @@ def test_ids_a_push_admits_past_every_row_wait_on_probation_with_their_counts() 
     t = table(max_rows=2, min_count=2)
     push(t, 1, [1, 1, 2, 2, 3, 3])  # three admitted at once, rows for two, none to evict
     assert t.resident == 2
-    assert t.probation == {3: (2, 1)}
+    assert t.probation() == {3: (2, 1)}
     push(t, 2, [3])  # counted on: admitted, the least recent row evicted
-    assert 3 in t.index
+    assert t.row_of(3) >= 0
     assert t.resident == 2
 
 
@@ -142,7 +142,7 @@ def test_a_gradient_for_an_evicted_id_never_lands_in_the_row_it_had() -> None:
     push(t, 3, [3, 3])  # ...id 3 is admitted into id 1's row meanwhile
     three = t.pull(np.array([3]))
     push(t, 4, [1])  # id 1's gradient: on probation again, dropped
-    assert 1 not in t.index
+    assert t.row_of(1) == -1
     assert np.array_equal(t.pull(np.array([3])), three)
     assert t.counters.dropped == 1
     assert pulled.shape == (1, 4)
@@ -177,18 +177,18 @@ def test_a_snapshot_restores_onto_fewer_or_more_ps_by_the_hash(old: int, new: in
     after = [Table(spec, optax.adam(0.01)) for _ in range(new)]
     for ps, t in enumerate(after):
         t.restore(snapshots, ps=ps, num_ps=new)
-        assert all(dynamic.owner(np.array(list(t.index)), new) == ps)
+        assert all(dynamic.owner(t.ids(), new) == ps)
     keys = np.concatenate([s["keys"] for s in snapshots])
-    assert sorted(keys.tolist()) == sorted(k for t in after for k in t.index)
+    assert sorted(keys.tolist()) == sorted(k for t in after for k in t.ids().tolist())
     values = {
         k: v.tobytes() for s in snapshots for k, v in zip(s["keys"], s["values"], strict=True)
     }
     for t in after:
-        ids = np.array(sorted(t.index), np.int64)
+        ids = t.ids()
         for key, row in zip(ids.tolist(), t.pull(ids), strict=True):
             assert row.tobytes() == values[key]
     waiting = sorted(k for s in snapshots for k in s["probation/keys"].tolist())
-    assert waiting == sorted(k for t in after for k in t.probation)
+    assert waiting == sorted(k for t in after for k in t.probation())
     # the optimizer state came with its rows: one more identical push, identical results
     probe = np.array(sorted(keys.tolist())[:5], np.int64)
     outcomes = []
@@ -216,7 +216,7 @@ def test_a_restore_past_max_rows_keeps_the_rows_updated_last() -> None:
         push(t, step, [key])
     small = table(max_rows=4)
     small.restore([t.snapshot()], ps=0, num_ps=1)
-    assert sorted(small.index) == [112, 113, 114, 115]
+    assert small.ids().tolist() == [112, 113, 114, 115]
     assert small.counters.evicted == 12
 
 
@@ -231,3 +231,34 @@ def _leaves(t: Table) -> list[np.ndarray]:
     import jax
 
     return [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(t.state)]
+
+
+def test_keyed_finds_adds_and_removes_whole_arrays() -> None:
+    k = dynamic.Keyed(["row"])
+    k.add(np.array([5, -3, 9], np.int64), row=np.array([0, 1, 2]))
+    k.add(np.array([7], np.int64), row=np.array([3]))
+    assert k.keys.tolist() == [-3, 5, 7, 9]
+    assert k.get(np.array([9, 4, -3, 7], np.int64), "row").tolist() == [2, -1, 1, 3]
+    k.remove(np.array([5, 100], np.int64))
+    assert k.keys.tolist() == [-3, 7, 9]
+    assert k.columns["row"].tolist() == [1, 3, 2]
+    assert len(k) == 3
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 5, 8])
+def test_smallest_is_the_head_of_a_full_sort_with_ties_broken_by_the_next_order(n: int) -> None:
+    rng = np.random.default_rng(n)
+    first, second = rng.integers(0, 3, 40), rng.permutation(40)
+    expected = np.lexsort((second, first))[:n]
+    assert sorted(dynamic.smallest(n, first, second).tolist()) == sorted(expected.tolist())
+
+
+def test_the_probation_stays_bounded_forgetting_the_least_recently_counted() -> None:
+    t = table(max_rows=16, min_count=3)
+    for step in range(1, 40):
+        ids = np.arange(step * 10, step * 10 + 10, dtype=np.int64)
+        t.push(step, ids, np.ones(10, np.int64), np.zeros((10, 4), np.float32))
+        assert len(t.probation()) <= dynamic.PROBATION_PER_ROW * 16
+    waiting = t.probation()
+    assert min(s for _, s in waiting.values()) > 30  # the oldest forgotten first
+    assert t.resident == 0  # none seen three times

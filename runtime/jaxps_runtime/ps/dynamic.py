@@ -87,9 +87,82 @@ class Counters:
     dropped: int = 0  # gradients of ids not (or no longer) admitted
 
 
+class Keyed:
+    """int64 keys kept sorted, each with int64 columns beside it: found, added and removed for
+    whole arrays at once (a binary search per key, one O(n) copy per change). What a dict of
+    Python ints costs per id (about 100 bytes and a Python call) this costs in 8 bytes a
+    column and a numpy pass; a push of thousands of new ids is one search, one insert."""
+
+    def __init__(self, columns: Sequence[str]) -> None:
+        self.keys = np.zeros(0, np.int64)
+        self.columns = {name: np.zeros(0, np.int64) for name in columns}
+
+    def __len__(self) -> int:
+        return int(self.keys.size)
+
+    def positions(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where each of `ids` is, and whether it is there at all."""
+        pos = np.searchsorted(self.keys, ids)
+        found = pos < self.keys.size
+        found[found] = self.keys[pos[found]] == ids[found]
+        return pos, found
+
+    def get(self, ids: np.ndarray, column: str, missing: int = -1) -> np.ndarray:
+        """`column` of each of `ids`, `missing` where absent."""
+        pos, found = self.positions(ids)
+        out = np.full(ids.size, missing, np.int64)
+        out[found] = self.columns[column][pos[found]]
+        return out
+
+    def add(self, ids: np.ndarray, **values: np.ndarray) -> None:
+        """Adds `ids` (none present, each once) with their columns' values."""
+        if not ids.size:
+            return
+        order = np.argsort(ids, kind="stable")
+        at = np.searchsorted(self.keys, ids[order])
+        self.keys = np.insert(self.keys, at, ids[order])
+        for name, column in self.columns.items():
+            self.columns[name] = np.insert(column, at, np.asarray(values[name])[order])
+
+    def remove_at(self, positions: np.ndarray) -> None:
+        if not positions.size:
+            return
+        self.keys = np.delete(self.keys, positions)
+        for name, column in self.columns.items():
+            self.columns[name] = np.delete(column, positions)
+
+    def remove(self, ids: np.ndarray) -> None:
+        pos, found = self.positions(ids)
+        self.remove_at(pos[found])
+
+
+def smallest(n: int, *orders: np.ndarray) -> np.ndarray:
+    """The indices of the `n` smallest entries by `orders` (the first decides, the next ones
+    break its ties), in no particular order: a partition, and a sort of the ties at the
+    boundary only. Deterministic: equal inputs, equal choice."""
+    size = orders[0].size
+    if n >= size:
+        return np.arange(size)
+    if n <= 0:
+        return np.zeros(0, np.int64)
+    first = orders[0]
+    bound = np.partition(first, n - 1)[n - 1]
+    below = np.flatnonzero(first < bound)
+    ties = np.flatnonzero(first == bound)
+    need = n - below.size
+    if len(orders) > 1 and ties.size > need:
+        ties = ties[smallest(need, *(o[ties] for o in orders[1:]))]
+    return np.concatenate([below, ties[:need]])
+
+
 class Table:
     """One dynamic table's rows on one ps. Not thread-safe: the ps serialises `push` (its
-    applier thread) against `pull` and `snapshot` (its store's lock)."""
+    applier thread) against `pull` and `snapshot` (its store's lock).
+
+    Rows are slots of preallocated arrays (`values`, the optimizer's row-shaped leaves,
+    `keys`, `last`, `count`); `index` maps ids to slots and `free` holds the slots not in use
+    (a stack: slot 0 is used first); `waiting` holds the ids on probation (their occurrences
+    and the step they were last counted at)."""
 
     def __init__(
         self, spec: Spec, tx: optax.GradientTransformation, *, ps: int = 0, num_ps: int = 1
@@ -111,33 +184,55 @@ class Table:
         self.keys = np.zeros(cap, np.int64)
         self.last = np.zeros(cap, np.int64)  # the step of the row's last update
         self.count = np.zeros(cap, np.int64)  # occurrences applied, admission's included
-        self.index: dict[int, int] = {}  # id -> row
-        self.free = list(range(cap - 1, -1, -1))  # a stack: row 0 is used first
-        # ids seen but not admitted: id -> (occurrences, the step last counted)
-        self.probation: dict[int, tuple[int, int]] = {}
+        self.used = np.zeros(cap, bool)
+        self.index = Keyed(["row"])  # id -> slot
+        self.free = np.arange(cap - 1, -1, -1, dtype=np.int64)  # the first `n_free` are free
+        self.n_free = cap
+        self.waiting = Keyed(["count", "step"])  # ids seen but not admitted
         self.counters = Counters()
 
     @property
     def resident(self) -> int:
         return len(self.index)
 
+    def ids(self) -> np.ndarray:
+        """The resident ids, sorted."""
+        return self.index.keys.copy()
+
+    def row_of(self, key: int) -> int:
+        """The slot of id `key` (-1: not resident)."""
+        return int(self._rows(np.array([key], np.int64))[0])
+
+    def probation(self) -> dict[int, tuple[int, int]]:
+        """The ids on probation: id -> (occurrences, the step last counted)."""
+        w = self.waiting
+        return {
+            int(k): (int(c), int(s))
+            for k, c, s in zip(w.keys, w.columns["count"], w.columns["step"], strict=True)
+        }
+
     # --- reads ----------------------------------------------------------------------------
 
     def pull(self, ids: np.ndarray) -> np.ndarray:
-        """The rows of `ids` (unique int64): resident ones as they are, the others their initial
-        value. Counts lookups and hits; changes nothing else (eviction orders by updates only,
-        so reads, retried or not, never change what is evicted)."""
-        out = initial_rows(ids, dim=self.spec.dim, salt=self.salt, scale=self.spec.scale)
+        """The rows of `ids` (any int64, repeats allowed): resident ones as they are, the others
+        their initial value. Counts lookups and hits; changes nothing else (eviction orders by
+        updates only, so reads, retried or not, never change what is evicted)."""
+        ids = np.asarray(ids, np.int64)
         rows = self._rows(ids)
         here = rows >= 0
+        out = np.empty((ids.size, self.spec.dim), np.float32)
         out[here] = self.values[rows[here]]
+        if not here.all():
+            out[~here] = self._initial(ids[~here])
         self.counters.lookups += int(ids.size)
         self.counters.hits += int(here.sum())
         return out
 
     def _rows(self, ids: np.ndarray) -> np.ndarray:
-        get = self.index.get
-        return np.fromiter((get(i, -1) for i in ids.tolist()), np.int64, count=ids.size)
+        return self.index.get(ids, "row")
+
+    def _initial(self, ids: np.ndarray) -> np.ndarray:
+        return initial_rows(ids, dim=self.spec.dim, salt=self.salt, scale=self.spec.scale)
 
     # --- the applier's writes -------------------------------------------------------------
 
@@ -149,13 +244,16 @@ class Table:
         if ids.size == 0:
             return True
         rows = self._rows(ids)
-        admit, seen = self._admitted(ids[rows < 0], counts[rows < 0], step)
+        missing = rows < 0
+        admit, seen = self._admitted(ids[missing], counts[missing], step)
         if admit.size:
-            placed = self._place(admit, keep=set(ids.tolist()))
+            placed = self._place(admit, protect=rows[~missing])
             rows = self._rows(ids)
             self.counters.admitted += placed
-            for key, n in zip(admit[placed:].tolist(), seen[placed:].tolist(), strict=True):
-                self.probation[key] = (n, step)  # no row even after eviction: counted still
+            # no row even after eviction: they wait on probation with their counts
+            self.waiting.add(
+                admit[placed:], count=seen[placed:], step=np.full(admit.size - placed, step)
+            )
         here = rows >= 0
         self.counters.dropped += int((~here).sum())
         if not here.any():
@@ -175,66 +273,69 @@ class Table:
         """Of ids not resident, those admitted by this push (counted on probation first), and
         the occurrences each was admitted with."""
         spec = self.spec
-        admit, admitted_at = [], []
-        for key, n in zip(ids.tolist(), counts.tolist(), strict=True):
-            seen = self.probation.pop(key, (0, 0))[0] + int(n)
-            if seen >= spec.min_count and (
-                spec.probability >= 1 or self._draw(key, seen) < spec.probability
-            ):
-                admit.append(key)
-                admitted_at.append(seen)
-            else:
-                self.probation[key] = (seen, step)
-        limit = PROBATION_PER_ROW * spec.max_rows
-        if len(self.probation) > limit:  # forget the least recently counted (then by id)
-            order = sorted(self.probation.items(), key=lambda kv: (kv[1][1], kv[0]))
-            for key, _ in order[: len(self.probation) - limit]:
-                del self.probation[key]
-        return np.array(admit, dtype=np.int64), np.array(admitted_at, dtype=np.int64)
+        if not ids.size:
+            return ids, counts
+        seen = counts.astype(np.int64)
+        if len(self.waiting):
+            pos, found = self.waiting.positions(ids)
+            seen[found] += self.waiting.columns["count"][pos[found]]
+            self.waiting.remove_at(pos[found])
+        admit = seen >= spec.min_count
+        if spec.probability < 1:
+            admit &= self._draws(ids, seen) < spec.probability
+        wait = ~admit
+        if wait.any():
+            self.waiting.add(ids[wait], count=seen[wait], step=np.full(int(wait.sum()), step))
+            limit = PROBATION_PER_ROW * spec.max_rows
+            if len(self.waiting) > limit:  # forget the least recently counted (then by id)
+                w = self.waiting
+                extra = len(w) - limit + int(limit * EVICT_CHUNK)
+                w.remove_at(np.sort(smallest(extra, w.columns["step"], w.keys)))
+        return ids[admit], seen[admit]
 
-    def _draw(self, key: int, seen: int) -> float:
-        drawn = mix64(bits(np.array([key])) ^ ADMIT_SALT ^ np.uint64(seen))[0]
-        return float(drawn >> np.uint64(11)) / float(1 << 53)
+    def _draws(self, ids: np.ndarray, seen: np.ndarray) -> np.ndarray:
+        """Each id's admission draw in [0, 1): a function of (id, occurrences) alone."""
+        drawn = mix64(bits(ids) ^ ADMIT_SALT ^ seen.astype(np.uint64))
+        return (drawn >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
-    def _place(self, ids: np.ndarray, *, keep: set[int]) -> int:
-        """Gives rows to `ids`, evicting rows of ids not in `keep` (this push's) when there
-        are not enough free; ids beyond what even that frees are left out. How many were
-        placed."""
-        short = ids.size - len(self.free)
+    def _place(self, ids: np.ndarray, *, protect: np.ndarray) -> int:
+        """Gives rows to `ids`, evicting rows other than `protect` (this push's resident ones)
+        when there are not enough free; ids beyond what even that frees are left out. How many
+        were placed."""
+        short = ids.size - self.n_free
         if short > 0:
-            self._evict(max(short, int(self.spec.max_rows * EVICT_CHUNK)), keep=keep)
-        placed = ids[: len(self.free)]
-        rows = np.array([self.free.pop() for _ in range(placed.size)], dtype=np.int64)
-        if not rows.size:
+            self._evict(max(short, int(self.spec.max_rows * EVICT_CHUNK)), protect=protect)
+        placed = ids[: self.n_free]
+        if not placed.size:
             return 0
-        self.values[rows] = initial_rows(
-            placed, dim=self.spec.dim, salt=self.salt, scale=self.spec.scale
-        )
+        rows = self.free[self.n_free - placed.size : self.n_free][::-1].copy()
+        self.n_free -= placed.size
+        self.values[rows] = self._initial(placed)
         self.state = jax.tree_util.tree_map(
             lambda leaf, new: _put_rows(leaf, rows, new), self.state, self.fresh
         )
         self.keys[rows] = placed
         self.last[rows] = 0
         self.count[rows] = 0
-        self.index.update(zip(placed.tolist(), rows.tolist(), strict=True))
+        self.used[rows] = True
+        self.index.add(placed, row=rows)
         return int(rows.size)
 
-    def _evict(self, n: int, *, keep: set[int]) -> None:
-        live = np.fromiter(self.index.values(), np.int64, count=len(self.index))
-        if keep:
-            live = live[~np.isin(self.keys[live], np.fromiter(keep, np.int64, count=len(keep)))]
+    def _evict(self, n: int, *, protect: np.ndarray) -> None:
+        candidates = self.used.copy()
+        candidates[protect] = False
+        live = np.flatnonzero(candidates)
         if not live.size:
             return
-        keys, last, count = self.keys[live], self.last[live], self.count[live]
-        # np.lexsort sorts by its last key first
+        keys, last = self.keys[live], self.last[live]
         if self.spec.eviction == "lru":
-            order = np.lexsort((keys, last))
+            victims = live[smallest(n, last, keys)]
         else:
-            order = np.lexsort((keys, last, count))
-        victims = live[order[:n]]
-        for row in victims.tolist():
-            del self.index[int(self.keys[row])]
-            self.free.append(row)
+            victims = live[smallest(n, self.count[live], last, keys)]
+        self.index.remove(self.keys[victims])
+        self.used[victims] = False
+        self.free[self.n_free : self.n_free + victims.size] = victims
+        self.n_free += victims.size
         self.counters.evicted += int(victims.size)
 
     # --- checkpoints ----------------------------------------------------------------------
@@ -243,23 +344,21 @@ class Table:
         """Every array of the table at this point, rows in id order: `keys`, `values`,
         `state/<i>` for each optimizer leaf (row-shaped ones cut to the rows), `last`,
         `count`, and the probation (`probation/keys`, `/counts`, `/steps`)."""
-        rows = np.fromiter(self.index.values(), np.int64, count=len(self.index))
-        rows = rows[np.argsort(self.keys[rows], kind="stable")]
+        rows = self.index.columns["row"]  # in id order
         out: dict[str, np.ndarray] = {
-            "keys": self.keys[rows].copy(),
-            "values": self.values[rows].copy(),
-            "last": self.last[rows].copy(),
-            "count": self.count[rows].copy(),
+            "keys": self.keys[rows],
+            "values": self.values[rows],
+            "last": self.last[rows],
+            "count": self.count[rows],
         }
         full = self.values.shape
         for i, leaf in enumerate(jax.tree_util.tree_leaves(self.state)):
             out[f"state/{i}"] = (
-                np.asarray(leaf)[rows].copy() if np.shape(leaf) == full else (np.array(leaf))
+                np.asarray(leaf)[rows] if np.shape(leaf) == full else (np.array(leaf))
             )
-        waiting = sorted(self.probation.items())
-        out["probation/keys"] = np.array([k for k, _ in waiting], np.int64)
-        out["probation/counts"] = np.array([c for _, (c, _) in waiting], np.int64)
-        out["probation/steps"] = np.array([s for _, (_, s) in waiting], np.int64)
+        out["probation/keys"] = self.waiting.keys.copy()
+        out["probation/counts"] = self.waiting.columns["count"].copy()
+        out["probation/steps"] = self.waiting.columns["step"].copy()
         return out
 
     def restore(
@@ -274,14 +373,14 @@ class Table:
         re-partitions by `owner`. Past `max_rows`, the rows last updated longest ago are left
         out, as eviction would have. Optimizer leaves not shaped like the table (a step count)
         take the largest any snapshot has."""
-        if self.index:
+        if self.resident:
             raise ValueError(f"embedding table {self.spec.name!r}: restored onto a used table")
         ps = self.ps if ps is None else ps
         num_ps = self.num_ps if num_ps is None else num_ps
         leaves, treedef = jax.tree_util.tree_flatten(self.state)
         parts: dict[str, list[np.ndarray]] = {k: [] for k in ("keys", "values", "last", "count")}
         state_parts: list[list[np.ndarray]] = [[] for _ in leaves]
-        probation: dict[int, tuple[int, int]] = {}
+        waiting: dict[str, list[np.ndarray]] = {k: [] for k in ("keys", "counts", "steps")}
         full = self.values.shape
         for snap in snapshots:
             mine = owner(snap["keys"], num_ps) == ps
@@ -290,15 +389,9 @@ class Table:
             for i, leaf in enumerate(leaves):
                 saved = np.asarray(snap[f"state/{i}"])
                 state_parts[i].append(saved[mine] if np.shape(leaf) == full else saved[None])
-            waiting = np.asarray(snap["probation/keys"])
-            theirs = owner(waiting, num_ps) == ps
-            for key, n, at in zip(
-                waiting[theirs].tolist(),
-                np.asarray(snap["probation/counts"])[theirs].tolist(),
-                np.asarray(snap["probation/steps"])[theirs].tolist(),
-                strict=True,
-            ):
-                probation[key] = (n, at)
+            theirs = owner(np.asarray(snap["probation/keys"]), num_ps) == ps
+            for k, found in waiting.items():
+                found.append(np.asarray(snap[f"probation/{k}"], np.int64)[theirs])
         keys = np.concatenate(parts["keys"]) if parts["keys"] else np.zeros(0, np.int64)
         order = np.lexsort((keys, -np.concatenate(parts["last"]))) if keys.size else keys
         order = order[: self.spec.max_rows]
@@ -321,9 +414,16 @@ class Table:
             else:
                 restored.append(leaf)
         self.state = jax.tree_util.tree_unflatten(treedef, restored)
-        self.index = dict(zip(self.keys[rows].tolist(), rows.tolist(), strict=True))
-        self.free = list(range(self.spec.max_rows - 1, n - 1, -1))
-        self.probation = probation
+        self.used[rows] = True
+        self.index.add(self.keys[rows], row=rows)
+        self.free = np.arange(self.spec.max_rows - 1, -1, -1, dtype=np.int64)
+        self.n_free = self.spec.max_rows - n  # the slots n.. (the stack's first entries)
+        if waiting["keys"]:
+            self.waiting.add(
+                np.concatenate(waiting["keys"]),
+                count=np.concatenate(waiting["counts"]),
+                step=np.concatenate(waiting["steps"]),
+            )
         self.counters.evicted += int(keys.size - n)
 
 
