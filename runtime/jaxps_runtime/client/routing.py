@@ -210,5 +210,7 @@ def row_parts(
     for declared, (s, _, where) in zip(specs, picks, strict=True):
         given = (counts or {}).get(s.variable.name)
         if given is not None:
-            declared.counts = np.asarray(given, "<i8")[where].tobytes()
+            mine = np.asarray(given, "<i8")[where]
+            if not (mine == 1).all():  # none: one each, as the ps takes it
+                declared.counts = mine.tobytes()
     return specs, [streams.byte_view(v) for v in values]

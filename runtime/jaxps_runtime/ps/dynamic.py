@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import jax
@@ -49,7 +50,7 @@ from jaxps_runtime.wire.tables import ADMIT_SALT, GOLDEN, Eviction, Spec, bits, 
 
 __all__ = ["Eviction", "Spec", "Table", "initial_rows", "merged", "mix64", "owner", "table_salt"]
 
-EVICT_CHUNK = 1 / 64
+EVICT_CHUNK = 1 / 16
 """When a push needs rows, at least this share of the table is evicted at once: the ordering
 of the resident rows (a sort) is then paid once per so many admissions, not on each."""
 PROBATION_PER_ROW = 4
@@ -67,13 +68,20 @@ def table_salt(seed: int, table: str) -> np.uint64:
 
 def initial_rows(ids: np.ndarray, *, dim: int, salt: np.uint64, scale: float) -> np.ndarray:
     """Each id's initial row: `dim` values uniform in [-scale, scale), a function of (salt,
-    id, column) alone (float32, 24 random bits each)."""
+    id, column) alone (float32, 24 random bits each: two columns from each 64-bit draw)."""
     base = mix64(bits(ids) ^ salt)
+    pairs = (dim + 1) // 2
     with np.errstate(over="ignore"):
-        columns = np.arange(1, dim + 1, dtype=np.uint64) * GOLDEN
+        columns = np.arange(1, pairs + 1, dtype=np.uint64) * GOLDEN
         drawn = mix64(base[:, None] + columns[None, :])
-    unit = (drawn >> np.uint64(40)).astype(np.float32) / np.float32(1 << 24)
-    return ((unit * 2 - 1) * np.float32(scale)).astype(np.float32)
+    halves = np.empty((ids.size, 2 * pairs), np.uint32)
+    halves[:, 0::2] = drawn >> np.uint64(40)
+    halves[:, 1::2] = (drawn >> np.uint64(8)) & np.uint64(0xFFFFFF)
+    step = np.float32(2 * scale / (1 << 24))
+    out = halves[:, :dim].astype(np.float32)
+    out *= step
+    out -= np.float32(scale)
+    return out
 
 
 @dataclasses.dataclass
@@ -119,10 +127,22 @@ class Keyed:
         if not ids.size:
             return
         order = np.argsort(ids, kind="stable")
-        at = np.searchsorted(self.keys, ids[order])
-        self.keys = np.insert(self.keys, at, ids[order])
+        new = ids[order]
+        # where the new keys land in the merged array: after the old keys below them and the
+        # new ones before them (one pass each, no sort of the whole)
+        at = np.searchsorted(self.keys, new) + np.arange(new.size)
+        old = np.ones(self.keys.size + new.size, bool)
+        old[at] = False
+
+        def merged(column: np.ndarray, added: np.ndarray) -> np.ndarray:
+            out = np.empty(old.size, np.int64)
+            out[old] = column
+            out[at] = added
+            return out
+
+        self.keys = merged(self.keys, new)
         for name, column in self.columns.items():
-            self.columns[name] = np.insert(column, at, np.asarray(values[name])[order])
+            self.columns[name] = merged(column, np.asarray(values[name])[order])
 
     def remove_at(self, positions: np.ndarray) -> None:
         if not positions.size:
@@ -236,45 +256,63 @@ class Table:
 
     # --- the applier's writes -------------------------------------------------------------
 
-    def push(self, step: int, ids: np.ndarray, counts: np.ndarray, grads: np.ndarray) -> bool:
+    def push(
+        self,
+        step: int,
+        ids: np.ndarray,
+        counts: np.ndarray,
+        grads: np.ndarray,
+        *,
+        lock: AbstractContextManager[Any] | None = None,
+    ) -> bool:
         """Applies one push: `ids` unique, `counts` their occurrences in the batch (>= 0),
         `grads` their gradient rows. Admits what reached admission (evicting if it must), then
         updates every resident id's row and state; drops the gradients of the others. False
-        (and no row updated, admissions kept) when the new rows would not be finite."""
+        (and no row updated, admissions kept) when the new rows would not be finite.
+
+        `lock` (the store's) is held while the table changes (admission, then the rows'
+        write), not while the optimizer computes the new rows: readers (`pull`, `snapshot`,
+        under the same lock) see the rows before or after the update, never half of one, and
+        are not held up by it. Only the one thread that pushes may change the table."""
         if ids.size == 0:
             return True
-        rows = self._rows(ids)
-        missing = rows < 0
-        admit, seen = self._admitted(ids[missing], counts[missing], step)
-        if admit.size:
-            placed = self._place(admit, protect=rows[~missing])
+        with lock or nullcontext():
             rows = self._rows(ids)
-            self.counters.admitted += placed
-            # no row even after eviction: they wait on probation with their counts
-            self.waiting.add(
-                admit[placed:], count=seen[placed:], step=np.full(admit.size - placed, step)
-            )
-        here = rows >= 0
-        self.counters.dropped += int((~here).sum())
+            missing = np.flatnonzero(rows < 0)
+            admitted, seen = self._admitted(ids[missing], counts[missing], step)
+            if admitted.size:
+                where = missing[admitted]  # the admitted ids' places in `ids`
+                placed, slots = self._place(ids[where], protect=rows[rows >= 0])
+                rows[where[:placed]] = slots
+                self.counters.admitted += placed
+                # no row even after eviction: they wait on probation with their counts
+                self.waiting.add(
+                    ids[where[placed:]],
+                    count=seen[placed:],
+                    step=np.full(where.size - placed, step),
+                )
+            here = rows >= 0
+            self.counters.dropped += int((~here).sum())
         if not here.any():
             return True
         rows, grads = rows[here], grads[here]
         new_rows, new_state = self.applier.sparse_rows(self.values, self.state, rows, grads)
         if not np.isfinite(new_rows).all():
             return False
-        self.state = self.applier.scatter(self.values, self.state, rows, new_rows, new_state)
-        self.last[rows] = step
-        self.count[rows] += counts[here]
+        with lock or nullcontext():
+            self.state = self.applier.scatter(self.values, self.state, rows, new_rows, new_state)
+            self.last[rows] = step
+            self.count[rows] += counts[here]
         return True
 
     def _admitted(
         self, ids: np.ndarray, counts: np.ndarray, step: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Of ids not resident, those admitted by this push (counted on probation first), and
-        the occurrences each was admitted with."""
+        """Of ids not resident, the positions (in `ids`) of those admitted by this push
+        (counted on probation first), and the occurrences each was admitted with."""
         spec = self.spec
         if not ids.size:
-            return ids, counts
+            return np.zeros(0, np.int64), counts
         seen = counts.astype(np.int64)
         if len(self.waiting):
             pos, found = self.waiting.positions(ids)
@@ -291,23 +329,23 @@ class Table:
                 w = self.waiting
                 extra = len(w) - limit + int(limit * EVICT_CHUNK)
                 w.remove_at(np.sort(smallest(extra, w.columns["step"], w.keys)))
-        return ids[admit], seen[admit]
+        return np.flatnonzero(admit), seen[admit]
 
     def _draws(self, ids: np.ndarray, seen: np.ndarray) -> np.ndarray:
         """Each id's admission draw in [0, 1): a function of (id, occurrences) alone."""
         drawn = mix64(bits(ids) ^ ADMIT_SALT ^ seen.astype(np.uint64))
         return (drawn >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
-    def _place(self, ids: np.ndarray, *, protect: np.ndarray) -> int:
+    def _place(self, ids: np.ndarray, *, protect: np.ndarray) -> tuple[int, np.ndarray]:
         """Gives rows to `ids`, evicting rows other than `protect` (this push's resident ones)
         when there are not enough free; ids beyond what even that frees are left out. How many
-        were placed."""
+        were placed, and their rows (those of the first ones)."""
         short = ids.size - self.n_free
         if short > 0:
             self._evict(max(short, int(self.spec.max_rows * EVICT_CHUNK)), protect=protect)
         placed = ids[: self.n_free]
         if not placed.size:
-            return 0
+            return 0, np.zeros(0, np.int64)
         rows = self.free[self.n_free - placed.size : self.n_free][::-1].copy()
         self.n_free -= placed.size
         self.values[rows] = self._initial(placed)
@@ -319,7 +357,7 @@ class Table:
         self.count[rows] = 0
         self.used[rows] = True
         self.index.add(placed, row=rows)
-        return int(rows.size)
+        return int(rows.size), rows
 
     def _evict(self, n: int, *, protect: np.ndarray) -> None:
         candidates = self.used.copy()
@@ -449,6 +487,8 @@ def merged(
     row given)."""
     ids = np.asarray(ids, dtype=np.int64)
     counts = np.ones(ids.size, np.int64) if counts is None else np.asarray(counts, np.int64)
+    if ids.size < 2 or bool((ids[1:] > ids[:-1]).all()):  # a worker's ids: sorted, once each
+        return ids, counts, grads
     unique, inverse = np.unique(ids, return_inverse=True)
     if unique.size == ids.size:
         order = np.argsort(ids, kind="stable")

@@ -168,9 +168,9 @@ class Updater:
 
         def run() -> None:
             started = time.perf_counter()
-            with self._lock:
-                ok = table.push(self.step(), unique, occurrences, summed)
-                if ok:
+            ok = table.push(self.step(), unique, occurrences, summed, lock=self._lock)
+            if ok:
+                with self._lock:
                     self._pushes.note_update(push_id, held.spec.name)
             if not ok:
                 name = held.spec.name

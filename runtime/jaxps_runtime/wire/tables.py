@@ -23,16 +23,20 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _OWNER_SALT = np.uint64(0x6A09E667F3BCC909)
 ADMIT_SALT = np.uint64(0x3C6EF372FE94F82B)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64's finalizer of each uint64 (wrapping arithmetic): a bijection whose every
     output bit depends on every input bit."""
     with np.errstate(over="ignore"):
-        z = x.astype(np.uint64) + GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
+        z = x.astype(np.uint64) + GOLDEN  # a new array: the rest works in place
+        z ^= z >> _S30
+        z *= _M1
+        z ^= z >> _S27
+        z *= _M2
+        z ^= z >> _S31
+        return z
 
 
 def bits(ids: np.ndarray) -> np.ndarray:
