@@ -71,6 +71,32 @@ def test_a_stream_of_other_tensors_than_expected_is_refused() -> None:
         _read([raw], expect=_specs()[:1])
 
 
+def test_up_to_takes_fewer_rows_of_those_tensors_but_never_more_or_another_width() -> None:
+    """A dynamic table's reply rows: the resident ones of those asked (`up_to`)."""
+    expected = [
+        streams.Spec("a", (1000,), np.dtype(np.float32)),
+        streams.Spec("c", (5, 2), np.dtype(np.int64)),
+    ]
+
+    def stream(rows: int, width: int = 2) -> bytes:
+        arrays = [_arrays()[0], np.zeros((rows, width), np.int64)]
+        specs = [
+            streams.Spec("a", (1000,), np.dtype(np.float32)),
+            streams.Spec("c", (rows, width), np.dtype(np.int64)),
+        ]
+        header = tensor_pb2.FrameHeader(tensors=[s.to_proto() for s in specs])
+        return streams.pack(header, [streams.byte_view(a) for a in arrays])
+
+    for rows in (0, 3, 5):
+        assembler, _ = _read([stream(rows)], expect=expected, up_to=[1])
+        assert assembler.array(1).shape == (rows, 2)
+    for bad in (stream(6), stream(3, width=3)):
+        with pytest.raises(streams.StreamError, match="expected"):
+            _read([bad], expect=expected, up_to=[1])
+    with pytest.raises(streams.StreamError, match="expected"):  # not of `up_to`: exact
+        _read([stream(3)], expect=expected)
+
+
 def _frame(offset: int, data: bytes) -> codec.Decoded:
     return codec.decode(codec.encode(tensor_pb2.Frame(offset=offset), data))
 

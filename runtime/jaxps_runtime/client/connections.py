@@ -18,7 +18,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from typing import Any, TypeVar
@@ -154,6 +154,7 @@ class Connections:
         buffers: Sequence[memoryview] = (),
         expect: Sequence[streams.Spec],
         into: Sequence[np.ndarray],
+        up_to: Collection[int] = (),
     ) -> tuple[tensor_pb2.FrameHeader, list[np.ndarray]]:
         """A Read or Update of `ps` (`Transport.exchange`), retried when the failure looks
         transient; a reply from another incarnation of the ps than before is
@@ -170,6 +171,7 @@ class Connections:
                 buffers=buffers,
                 expect=expect,
                 into=into,
+                up_to=up_to,
                 check=lambda header: self.seen(ps, header.id),
             )
 

@@ -26,7 +26,7 @@ from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime.client import readiness, routing
 from jaxps_runtime.client.connections import Connections
-from jaxps_runtime.client.errors import PsClientError, PsRestartedError
+from jaxps_runtime.client.errors import PsClientError, PsLayoutError, PsRestartedError
 from jaxps_runtime.client.placement import Layout, Placement
 from jaxps_runtime.config.training import OptimizerConfig
 from jaxps_runtime.process import stopping
@@ -69,9 +69,16 @@ class PsClient:
         stop: stopping.Stop | None = None,
         credentials: TaskCredentials | None = None,
         use_bulk: bool = True,
+        dynamic: Mapping[str, wire_tables.Spec] | None = None,
     ) -> None:
-        """`use_bulk=False` keeps every call on gRPC (see `bulk`)."""
+        """`use_bulk=False` keeps every call on gRPC (see `bulk`). `dynamic`: the dynamic
+        tables ({variable: spec}), whose ids not resident a read gives their initial value
+        (`wire.tables.initial_rows`), computed here: a ps sends the resident rows only."""
         self._routes = routing.Routes(placement, num_ps=len(addresses))
+        self.dynamic = dict(dynamic or {})
+        missing = sorted(set(placement.dynamic) - set(self.dynamic))
+        if missing:
+            raise ValueError(f"dynamic table {missing[0]!r}: no spec given for its reads")
         self.placement = placement
         self.job_id, self.task = job_id, task
         self.epoch = 0
@@ -280,18 +287,54 @@ class PsClient:
                 min_step=min_step,
                 selections=routing.selections(picks[ps]),
             )
+            keyed = [
+                len(shards) + i
+                for i, (s, _, _) in enumerate(picks[ps])
+                if s.variable.name in self.dynamic
+            ]
             header, values = self._ps.exchange(
                 ps,
                 "Read",
                 request,
                 expect=[*routing.expect(shards), *routing.expect_rows(picks[ps])],
                 into=routing.views(arrays, shards),
+                up_to=keyed,
             )
-            for (s, _, where), got in zip(picks[ps], values[len(shards) :], strict=True):
-                picked[s.variable.name][where] = got
+            for i, ((s, local, where), got) in enumerate(
+                zip(picks[ps], values[len(shards) :], strict=True)
+            ):
+                name = s.variable.name
+                if name in self.dynamic:
+                    echoed = header.tensors[len(shards) + i].rows
+                    picked[name][where] = self._with_initial(ps, name, local, echoed, got)
+                else:
+                    picked[name][where] = got
             return header.step
 
         return min(self._ps.each(one)), {**arrays, **picked}
+
+    def _with_initial(
+        self, ps: int, name: str, ids: np.ndarray, echoed: bytes, resident: np.ndarray
+    ) -> np.ndarray:
+        """The rows of a dynamic table's `ids`: those a ps sent (`resident`, of the ids it
+        echoed, which must be the asked ones it holds, in order) and every other one's
+        initial value."""
+        spec = self.dynamic[name]
+        held = np.frombuffer(echoed, "<i8")
+        here = np.isin(ids, held)
+        if held.size != resident.shape[0] or not np.array_equal(ids[here], held):
+            raise PsLayoutError(
+                ps=ps,
+                address=self.addresses[ps],
+                method="Read",
+                code=None,
+                details=f"{name!r}: the rows sent are not of the ids asked, in their order",
+            )
+        salt = wire_tables.table_salt(spec.seed, spec.name)
+        out = np.empty((ids.size, spec.dim), np.float32)
+        out[here] = resident
+        out[~here] = wire_tables.initial_rows(ids[~here], dim=spec.dim, salt=salt, scale=spec.scale)
+        return out
 
     def update(
         self,

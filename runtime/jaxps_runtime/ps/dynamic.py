@@ -46,7 +46,16 @@ import numpy as np
 import optax
 
 from jaxps_runtime.ps.optim import Applier
-from jaxps_runtime.wire.tables import ADMIT_SALT, GOLDEN, Eviction, Spec, bits, mix64, owner
+from jaxps_runtime.wire.tables import (
+    ADMIT_SALT,
+    Eviction,
+    Spec,
+    bits,
+    initial_rows,
+    mix64,
+    owner,
+    table_salt,
+)
 
 __all__ = ["Eviction", "Spec", "Table", "initial_rows", "merged", "mix64", "owner", "table_salt"]
 
@@ -56,32 +65,6 @@ of the resident rows (a sort) is then paid once per so many admissions, not on e
 PROBATION_PER_ROW = 4
 """Ids counted on probation, at most, per row of the table (the least recently counted are
 forgotten past it): the admission state is bounded too."""
-
-
-def table_salt(seed: int, table: str) -> np.uint64:
-    """The salt of one table of one job: its seed and name, mixed."""
-    salt = np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
-    for byte in table.encode():
-        salt = mix64(np.array([salt ^ np.uint64(byte)], dtype=np.uint64))[0]
-    return np.uint64(salt)
-
-
-def initial_rows(ids: np.ndarray, *, dim: int, salt: np.uint64, scale: float) -> np.ndarray:
-    """Each id's initial row: `dim` values uniform in [-scale, scale), a function of (salt,
-    id, column) alone (float32, 24 random bits each: two columns from each 64-bit draw)."""
-    base = mix64(bits(ids) ^ salt)
-    pairs = (dim + 1) // 2
-    with np.errstate(over="ignore"):
-        columns = np.arange(1, pairs + 1, dtype=np.uint64) * GOLDEN
-        drawn = mix64(base[:, None] + columns[None, :])
-    halves = np.empty((ids.size, 2 * pairs), np.uint32)
-    halves[:, 0::2] = drawn >> np.uint64(40)
-    halves[:, 1::2] = (drawn >> np.uint64(8)) & np.uint64(0xFFFFFF)
-    step = np.float32(2 * scale / (1 << 24))
-    out = halves[:, :dim].astype(np.float32)
-    out *= step
-    out -= np.float32(scale)
-    return out
 
 
 @dataclasses.dataclass
@@ -232,6 +215,17 @@ class Table:
         }
 
     # --- reads ----------------------------------------------------------------------------
+
+    def resident_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Of `ids` (any int64, repeats allowed), which are resident, and their rows (in the
+        order of `ids`): what a Read sends; the others read their initial value, which the
+        reader computes itself (`initial_rows`). Counts lookups and hits, as `pull`."""
+        ids = np.asarray(ids, np.int64)
+        rows = self._rows(ids)
+        here = rows >= 0
+        self.counters.lookups += int(ids.size)
+        self.counters.hits += int(here.sum())
+        return here, self.values[rows[here]]
 
     def pull(self, ids: np.ndarray) -> np.ndarray:
         """The rows of `ids` (any int64, repeats allowed): resident ones as they are, the others

@@ -22,6 +22,9 @@ from jaxps_runtime.ps.modes.policy import PsError
 from jaxps_runtime.ps.snapshots import readable
 from jaxps_runtime.wire.streams import Spec
 
+Picked = tuple[Spec, np.ndarray, np.ndarray | None]
+"""Rows read of one shard: its spec, the rows, and (a dynamic table's) the ids they are of."""
+
 
 class Shards:
     """The declared shards of one ps task, by name."""
@@ -96,9 +99,12 @@ class Shards:
 
     def read(
         self, names: Iterable[str], rows: Sequence[tuple[str, np.ndarray]] = ()
-    ) -> tuple[list[tuple[Spec, Any]], list[tuple[Spec, np.ndarray]]]:
+    ) -> tuple[list[tuple[Spec, Any]], list[Picked]]:
         """The values of the named shards and the rows (name, row ids) of shards, all read
-        under the lock: what a reader may keep (`snapshots.readable`)."""
+        under the lock: what a reader may keep (`snapshots.readable`). Of a dynamic table's
+        part, the rows of the ids resident only, with those ids (the reader computes the
+        others' initial values itself, `wire.tables.initial_rows`: a stream of new ids sends
+        nothing back); of a fixed table, every row asked (ids None)."""
         with self._lock:
             out = []
             for held in map(self._valued, names):
@@ -112,10 +118,11 @@ class Shards:
             picked = []
             for name, ids in rows:
                 held = self._valued(name)
-                if held.dynamic is not None:
-                    picked.append((held.spec, held.dynamic.pull(ids)))
+                if held.dynamic is not None:  # the resident ones only: see `dynamic_rows`
+                    here, values = held.dynamic.resident_rows(ids)
+                    picked.append((held.spec, values, ids[here]))
                 else:
-                    picked.append((held.spec, np.asarray(held.value)[ids]))
+                    picked.append((held.spec, np.asarray(held.value)[ids], None))
             return out, picked
 
     def _valued(self, name: str) -> Held:

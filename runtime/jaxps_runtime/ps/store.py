@@ -51,7 +51,7 @@ from jaxps_runtime.ps.modes.policy import Policy, PsError
 from jaxps_runtime.ps.modes.sync import Sync
 from jaxps_runtime.ps.positions import Claim, Positions
 from jaxps_runtime.ps.pushes import PushLog
-from jaxps_runtime.ps.shards import Shards
+from jaxps_runtime.ps.shards import Picked, Shards
 from jaxps_runtime.ps.snapshots import Snapshot
 from jaxps_runtime.ps.updates import Updater
 from jaxps_runtime.wire import streams
@@ -287,7 +287,7 @@ class ParameterStore:
 
     def snapshot(
         self, names: Iterable[str], rows: Sequence[tuple[str, np.ndarray]] = ()
-    ) -> tuple[int, list[tuple[Spec, Any]], list[tuple[Spec, np.ndarray]]]:
+    ) -> tuple[int, list[tuple[Spec, Any]], list[Picked]]:
         """The current step, the values of the named shards and the rows (name, row ids) of
         shards, all taken atomically (`shards.Shards.read`)."""
         with self._lock:

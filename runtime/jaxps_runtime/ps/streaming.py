@@ -24,7 +24,7 @@ from jaxps_runtime.ps import callers, checks
 from jaxps_runtime.ps.held import STATE_NAMES, Held
 from jaxps_runtime.ps.modes.policy import Policy, PsError, Push, PushResult
 from jaxps_runtime.ps.positions import Claim, InvalidPositionError
-from jaxps_runtime.ps.shards import Shards
+from jaxps_runtime.ps.shards import Picked, Shards
 from jaxps_runtime.ps.updates import Updater, finite
 from jaxps_runtime.wire import streams, terms
 from jaxps_runtime.wire.streams import Spec
@@ -63,7 +63,7 @@ class Store(callers.Callee, Protocol):
 
     def snapshot(
         self, names: Iterable[str], rows: Sequence[tuple[str, np.ndarray]] = ()
-    ) -> tuple[int, list[tuple[Spec, Any]], list[tuple[Spec, np.ndarray]]]: ...
+    ) -> tuple[int, list[tuple[Spec, Any]], list[Picked]]: ...
 
 
 class StreamHandlers:
@@ -333,8 +333,9 @@ class StreamHandlers:
         store.counters.add("reads")
         arrays = [np.asarray(v) for _, v in values]
         tensors = [s.to_proto() for s, _ in values]
-        for selection, (spec, picked) in zip(selections, rows, strict=True):
+        for selection, (spec, picked, resident) in zip(selections, rows, strict=True):
             arrays.append(picked)
             shape = (picked.shape[0], *spec.shape[1:])
-            tensors.append(Spec(spec.name, shape, spec.dtype).to_proto(rows=selection.rows))
+            echo = selection.rows if resident is None else resident.astype("<i8").tobytes()
+            tensors.append(Spec(spec.name, shape, spec.dtype).to_proto(rows=echo))
         return step, arrays, tensors

@@ -175,6 +175,7 @@ class Task:
             stop=stop or self.stop,
             credentials=self.credentials,
             use_bulk=cluster.bulk_on(os.environ),
+            dynamic=self.dynamic,
         )
 
     @functools.cached_property

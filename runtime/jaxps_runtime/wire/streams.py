@@ -13,7 +13,7 @@ Not thread-safe: one `Assembler` per stream.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -317,12 +317,15 @@ def receive(
     allocate: Callable[[Spec], np.ndarray] | None = None,
     where: str,
     expect: Sequence[Spec] | None = None,
+    up_to: Collection[int] = (),
     most: int | None = None,
 ) -> tuple[tensor_pb2.FrameHeader, Assembler, Iterator[range]]:
     """Starts reading a stream: its header, the assembler of its tensors (checked against
-    `expect` when given) and an iterator over the frames that fills it, yielding the tensors
-    each frame completed. The caller drains the iterator, then checks `missing()`. A header
-    of more than `most` tensors is `TooManyTensorsError`, at the cost of counting them; one
+    `expect` when given; those of `up_to`, indices in it, may have fewer rows: any first
+    dimension up to the expected one) and an iterator over the frames that fills it, yielding
+    the tensors each frame completed. The caller drains the iterator, then checks
+    `missing()`. A header of more than `most` tensors is `TooManyTensorsError`, at the cost
+    of counting them; one
     naming a tensor no `Spec` can be (no name, a dtype or shape that means nothing),
     `HeaderError`."""
     if isinstance(raw_frames, Direct):
@@ -342,6 +345,11 @@ def receive(
     if expect is not None:
         got = [(s.name, s.shape, s.dtype) for s in specs]
         want = [(s.name, s.shape, s.dtype) for s in expect]
+        for i in up_to:  # rows up to the expected: the expectation is what came, if it fits
+            name, shape, dtype = want[i]
+            came = got[i][1] if i < len(got) else shape
+            if came[:1] <= shape[:1] and came[1:] == shape[1:]:
+                want[i] = (name, came, dtype)
         if got != want:
             raise LayoutError(f"{where}: the stream carries {_names(got)}, expected {_names(want)}")
     assembler = Assembler(specs, into=into, allocate=allocate)

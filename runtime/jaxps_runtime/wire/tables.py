@@ -128,3 +128,29 @@ def split(ids: np.ndarray, num_ps: int) -> Iterable[tuple[int, np.ndarray]]:
         where = np.flatnonzero(owners == ps)
         if where.size:
             yield ps, where
+
+
+def table_salt(seed: int, table: str) -> np.uint64:
+    """The salt of one table of one job: its seed and name, mixed."""
+    salt = np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
+    for byte in table.encode():
+        salt = mix64(np.array([salt ^ np.uint64(byte)], dtype=np.uint64))[0]
+    return np.uint64(salt)
+
+
+def initial_rows(ids: np.ndarray, *, dim: int, salt: np.uint64, scale: float) -> np.ndarray:
+    """Each id's initial row: `dim` values uniform in [-scale, scale), a function of (salt,
+    id, column) alone (float32, 24 random bits each: two columns from each 64-bit draw)."""
+    base = mix64(bits(ids) ^ salt)
+    pairs = (dim + 1) // 2
+    with np.errstate(over="ignore"):
+        columns = np.arange(1, pairs + 1, dtype=np.uint64) * GOLDEN
+        drawn = mix64(base[:, None] + columns[None, :])
+    halves = np.empty((ids.size, 2 * pairs), np.uint32)
+    halves[:, 0::2] = drawn >> np.uint64(40)
+    halves[:, 1::2] = (drawn >> np.uint64(8)) & np.uint64(0xFFFFFF)
+    step = np.float32(2 * scale / (1 << 24))
+    out = halves[:, :dim].astype(np.float32)
+    out *= step
+    out -= np.float32(scale)
+    return out

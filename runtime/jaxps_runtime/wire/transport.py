@@ -12,7 +12,7 @@ Not thread-safe: one call at a time (a client gives each ps its own thread).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -82,12 +82,13 @@ class Transport:
         expect: Sequence[streams.Spec],
         into: Sequence[np.ndarray],
         check: Callable[[tensor_pb2.FrameHeader], None],
+        up_to: Collection[int] = (),
     ) -> tuple[tensor_pb2.FrameHeader, list[np.ndarray]]:
         """A call answered by tensors (Read, Update): sends `message` (the request, or the
         header of `buffers`), then reads the reply's header, which `check` sees before a byte
         of its tensors is read, and each tensor of `expect` (the first ones into `into`, the
-        rest into new arrays). Raises `grpc.RpcError` (`bulk.BulkError` alike) or
-        `streams.StreamError`."""
+        rest into new arrays; those of `up_to` may come with fewer rows). Raises
+        `grpc.RpcError` (`bulk.BulkError` alike) or `streams.StreamError`."""
         reply = self._start(method, message, buffers, reply_bytes=sum(s.nbytes for s in expect))
         try:
             header, assembler, fill = streams.receive(
@@ -95,6 +96,7 @@ class Transport:
                 into=[*into, *[None] * (len(expect) - len(into))],
                 where=method,
                 expect=expect,
+                up_to=up_to,
             )
             check(header)
             for _ in fill:
