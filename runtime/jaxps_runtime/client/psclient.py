@@ -19,21 +19,19 @@ import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-import grpc
 import numpy as np
 
 from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime.client import readiness, routing
 from jaxps_runtime.client.connections import Connections
+from jaxps_runtime.client.control import ChiefCalls
 from jaxps_runtime.client.errors import PsClientError, PsLayoutError, PsRestartedError
 from jaxps_runtime.client.placement import Layout, Placement
-from jaxps_runtime.config.training import OptimizerConfig
 from jaxps_runtime.process import stopping
 from jaxps_runtime.wire import streams
 from jaxps_runtime.wire import tables as wire_tables
 from jaxps_runtime.wire.credentials import TaskCredentials
-from jaxps_runtime.wire.terms import Mode
 
 __all__ = ["PsClient", "PsClientError", "PsRestartedError", "merged_cursors"]
 
@@ -55,8 +53,9 @@ def merged_cursors(
     return {k: how(r.cursors.get(k, 0) for r in replies) for k in shards}
 
 
-class PsClient:
-    """Pulls parameters from and pushes gradients to every ps of a job."""
+class PsClient(ChiefCalls):
+    """Pulls parameters from and pushes gradients to every ps of a job; the chief's calls
+    that set the ps tier's state up (Init, Save, Restore, ...) are `control.ChiefCalls`'."""
 
     def __init__(
         self,
@@ -147,118 +146,6 @@ class PsClient:
         self.cursors = merged_cursors(replies, how=max)
         return min(r.step for r in replies)
 
-    def init(
-        self,
-        params: Mapping[str, np.ndarray] | None,
-        *,
-        optimizer: OptimizerConfig,
-        epoch: int,
-        step: int = 0,
-        mode: Mode | None = None,
-        workers: Sequence[str] = (),
-        tables: Collection[str] | None = None,
-        optimizers: Mapping[str, OptimizerConfig] | None = None,
-        dynamic: Mapping[str, wire_tables.Spec] | None = None,
-    ) -> None:
-        """Declares every ps's shards and mode (`optimizers`: {variable: its own optimizer}), then
-        streams their initial values (chief only). With `params` None the shards are only
-        declared: `restore` fills them from a checkpoint. `tables`: the variables workers update
-        by rows (embedding tables, `Task.tables`); each ps then refuses rows of any other shard
-        and whole gradients of these. None declares nothing (either kind of update is taken).
-        `dynamic`: the dynamic tables ({variable: the spec of one ps's part}): no values of
-        theirs are sent (an id's first value is the ps's function of it)."""
-        self.epoch = epoch
-        mode = mode or Mode()
-        arrays = self._routes.arrays(params, what="params") if params is not None else None
-
-        def one(ps: int) -> None:
-            shards = self._routes.shards_on(ps)
-            request = ps_pb2.InitRequest(
-                id=self.identity(ps),
-                tensors=[
-                    routing.declared_spec(
-                        s, tables, optimizers, dynamic, num_ps=self._routes.placement.num_ps
-                    )
-                    for s in shards
-                ],
-                optimizer=optimizer.to_json(),
-                step=step,
-                mode=mode.kind,
-                replicas_to_aggregate=mode.replicas_to_aggregate,
-                max_staleness=mode.max_staleness,
-                last_step=mode.last_step,
-                workers=list(workers),
-            )
-            self._ps.seen(ps, self._ps.unary(ps, "Init", request).id)
-            shards = [s for s in shards if s.variable.name not in self._routes.dynamic]
-            if arrays is None or not shards:
-                return
-            header = tensor_pb2.FrameHeader(
-                id=self.identity(ps), step=step, tensors=[routing.spec(s) for s in shards]
-            )
-            self._ps.assign(ps, header, routing.buffers(arrays, shards))
-
-        self._ps.each(one)
-
-    def save(self, *, step: int, directory: str, timeout: float) -> list[ps_pb2.CheckpointReply]:
-        """Every ps writes its part of the checkpoint of `step` (waiting to get there)."""
-
-        def one(ps: int) -> ps_pb2.CheckpointReply:
-            request = ps_pb2.SaveRequest(id=self.identity(ps), step=step, directory=directory)
-            reply: ps_pb2.CheckpointReply = self._ps.unary(ps, "Save", request, timeout=timeout)
-            return reply
-
-        return self._ps.each(one)
-
-    def restore(
-        self,
-        files: Sequence[tuple[str, str]],
-        *,
-        step: int,
-        cursors: Sequence[Mapping[str, int]] = (),
-    ) -> None:
-        """Every ps loads its (file, sha256) of a checkpoint (after `init` declared the
-        shards), and its own data positions the checkpoint holds (`cursors[ps]`)."""
-
-        def one(ps: int) -> None:
-            file, digest = files[ps]
-            request = ps_pb2.RestoreRequest(
-                id=self.identity(ps),
-                step=step,
-                file=file,
-                sha256=digest,
-                cursors=cursors[ps] if ps < len(cursors) else {},
-            )
-            self._ps.unary(ps, "Restore", request, timeout=300)
-
-        self._ps.each(one)
-
-    def set_workers(self, workers: Sequence[str]) -> None:
-        """Tells every ps which workers are alive (chief only)."""
-
-        def one(ps: int) -> None:
-            request = ps_pb2.SetWorkersRequest(id=self.identity(ps), workers=list(workers))
-            self._ps.unary(ps, "SetWorkers", request, timeout=30)
-
-        self._ps.each(one)
-
-    def shutdown(self, *, reason: str) -> None:
-        """Asks every ps to exit 0; a ps that is already gone counts as done. A ps that
-        restarted meanwhile is told too (the request names no incarnation): the job is over.
-        Never once the task is stopping (`stopping.Stopped`)."""
-        self._stop.check()  # a stopping chief leaves the ps tasks to its replacement
-
-        def one(ps: int) -> None:
-            caller = tensor_pb2.Identity(job_id=self.job_id, task=self.task)
-            request = ps_pb2.ShutdownRequest(id=caller, reason=reason)
-            try:
-                self._ps.unary(ps, "Shutdown", request, timeout=10)
-            except PsClientError as err:
-                if err.code != grpc.StatusCode.UNAVAILABLE:
-                    raise
-
-        self._ps.each(one)
-
     # --- data -----------------------------------------------------------------------------
 
     def read(
@@ -287,54 +174,30 @@ class PsClient:
                 min_step=min_step,
                 selections=routing.selections(picks[ps]),
             )
-            keyed = [
-                len(shards) + i
-                for i, (s, _, _) in enumerate(picks[ps])
-                if s.variable.name in self.dynamic
-            ]
             header, values = self._ps.exchange(
                 ps,
                 "Read",
                 request,
                 expect=[*routing.expect(shards), *routing.expect_rows(picks[ps])],
                 into=routing.views(arrays, shards),
-                up_to=keyed,
+                up_to=routing.keyed(picks[ps], len(shards), self.dynamic),
             )
-            for i, ((s, local, where), got) in enumerate(
-                zip(picks[ps], values[len(shards) :], strict=True)
-            ):
-                name = s.variable.name
-                if name in self.dynamic:
-                    echoed = header.tensors[len(shards) + i].rows
-                    picked[name][where] = self._with_initial(ps, name, local, echoed, got)
-                else:
-                    picked[name][where] = got
+            try:
+                routing.place_rows(
+                    picks[ps],
+                    values,
+                    header,
+                    offset=len(shards),
+                    picked=picked,
+                    dynamic=self.dynamic,
+                )
+            except ValueError as err:  # rows of other ids than asked
+                raise PsLayoutError(
+                    ps=ps, address=self.addresses[ps], method="Read", code=None, details=str(err)
+                ) from None
             return header.step
 
         return min(self._ps.each(one)), {**arrays, **picked}
-
-    def _with_initial(
-        self, ps: int, name: str, ids: np.ndarray, echoed: bytes, resident: np.ndarray
-    ) -> np.ndarray:
-        """The rows of a dynamic table's `ids`: those a ps sent (`resident`, of the ids it
-        echoed, which must be the asked ones it holds, in order) and every other one's
-        initial value."""
-        spec = self.dynamic[name]
-        held = np.frombuffer(echoed, "<i8")
-        here = np.isin(ids, held)
-        if held.size != resident.shape[0] or not np.array_equal(ids[here], held):
-            raise PsLayoutError(
-                ps=ps,
-                address=self.addresses[ps],
-                method="Read",
-                code=None,
-                details=f"{name!r}: the rows sent are not of the ids asked, in their order",
-            )
-        salt = wire_tables.table_salt(spec.seed, spec.name)
-        out = np.empty((ids.size, spec.dim), np.float32)
-        out[here] = resident
-        out[~here] = wire_tables.initial_rows(ids[~here], dim=spec.dim, salt=salt, scale=spec.scale)
-        return out
 
     def update(
         self,

@@ -148,6 +148,47 @@ def declared_spec(
     return declared
 
 
+def declared_specs(
+    shards: Sequence[Shard],
+    tables: Collection[str] | None,
+    optimizers: Mapping[str, OptimizerConfig] | None,
+    dynamic: Mapping[str, wire_tables.Spec] | None,
+    *,
+    num_ps: int,
+) -> list[tensor_pb2.TensorSpec]:
+    """`declared_spec` of each of one ps's shards (of a placement on `num_ps` ps)."""
+    return [declared_spec(s, tables, optimizers, dynamic, num_ps=num_ps) for s in shards]
+
+
+def keyed(picks: Sequence[RowPick], offset: int, dynamic: Collection[str]) -> list[int]:
+    """The indices, in a Read reply (its first `offset` tensors whole shards), of the rows of
+    dynamic tables: those may come with fewer rows than asked (the resident ones)."""
+    return [offset + i for i, (s, _, _) in enumerate(picks) if s.variable.name in dynamic]
+
+
+def place_rows(
+    picks: Sequence[RowPick],
+    values: Sequence[np.ndarray],
+    header: tensor_pb2.FrameHeader,
+    *,
+    offset: int,
+    picked: Mapping[str, np.ndarray],
+    dynamic: Mapping[str, wire_tables.Spec],
+) -> None:
+    """Puts the rows a Read brought (after its first `offset` tensors) where the caller asked
+    them: a fixed table's as they came, a dynamic table's filled in with the initial values
+    of the ids not resident (`wire.tables.filled`; ValueError: rows of other ids)."""
+    for i, (shard, local, where) in enumerate(picks):
+        got = values[offset + i]
+        name = shard.variable.name
+        if name in dynamic:
+            try:
+                got = wire_tables.filled(dynamic[name], local, header.tensors[offset + i].rows, got)
+            except ValueError as err:
+                raise ValueError(f"{name!r}: {err}") from None
+        picked[name][where] = got
+
+
 def expect(shards: Sequence[Shard]) -> list[streams.Spec]:
     """What a ps sends of `shards`, whole."""
     return [streams.Spec(s.name, s.shape, streams.dtype_of(s.variable.dtype)) for s in shards]

@@ -320,7 +320,7 @@ def _refresh_metrics(server: PsServer, metrics: Metrics) -> None:
             ):
                 counter.inc(counters.get(key, 0.0) - seen[key])
                 seen[key] = counters.get(key, 0.0)
-            for table, part in store.table_counters().items():
+            for table, part in store.shards.table_counters().items():
                 for what, value in part.items():
                     metrics.embedding.labels(task=server.task, table=table, what=what).set(value)
                 lookups = part["lookups"]

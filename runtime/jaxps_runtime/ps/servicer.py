@@ -90,7 +90,7 @@ class ParameterServicer:
                 **store.counters.snapshot(),
                 **{
                     f"table/{name}/{key}": value
-                    for name, part in store.table_counters().items()
+                    for name, part in store.shards.table_counters().items()
                     for key, value in part.items()
                 },
             },

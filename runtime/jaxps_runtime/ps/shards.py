@@ -130,3 +130,25 @@ class Shards:
         if held.value is None:
             raise PsError(grpc.StatusCode.FAILED_PRECONDITION, f"Read: {name!r} has no value yet")
         return held
+
+    def table_counters(self) -> dict[str, dict[str, float]]:
+        """Each dynamic table's part here: resident rows, capacity, and since this part was
+        made (an Init or Restore) the ids admitted, evicted, looked up, found (hits) and the
+        gradients dropped (ids not admitted), by table name."""
+        with self._lock:
+            out: dict[str, dict[str, float]] = {}
+            for held in self._held.values():
+                table = held.dynamic
+                if table is None:
+                    continue
+                c = table.counters
+                out[table.spec.name] = {
+                    "resident": float(table.resident),
+                    "capacity": float(table.spec.max_rows),
+                    "admitted": float(c.admitted),
+                    "evicted": float(c.evicted),
+                    "lookups": float(c.lookups),
+                    "hits": float(c.hits),
+                    "dropped": float(c.dropped),
+                }
+            return out

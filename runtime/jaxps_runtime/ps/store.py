@@ -44,7 +44,8 @@ from jaxps.v1 import parameter_server_pb2 as ps_pb2
 from jaxps.v1 import tensor_pb2
 from jaxps_runtime.config.training import OptimizerConfig
 from jaxps_runtime.ps import dynamic, optim, snapshots
-from jaxps_runtime.ps.held import STATE_NAMES, Counters, Held
+from jaxps_runtime.ps.checkpointing import Checkpointing
+from jaxps_runtime.ps.held import Counters, Held
 from jaxps_runtime.ps.modes.asynchronous import Async
 from jaxps_runtime.ps.modes.bounded import Bounded
 from jaxps_runtime.ps.modes.policy import Policy, PsError
@@ -52,7 +53,6 @@ from jaxps_runtime.ps.modes.sync import Sync
 from jaxps_runtime.ps.positions import Claim, Positions
 from jaxps_runtime.ps.pushes import PushLog
 from jaxps_runtime.ps.shards import Picked, Shards
-from jaxps_runtime.ps.snapshots import Snapshot
 from jaxps_runtime.ps.updates import Updater
 from jaxps_runtime.wire import streams
 from jaxps_runtime.wire.streams import Spec
@@ -65,8 +65,9 @@ POLICIES: dict[int, type[Async] | type[Sync]] = {
 }
 
 
-class ParameterStore:
-    """What one ps holds, and the only code that changes it."""
+class ParameterStore(Checkpointing):
+    """What one ps holds, and the only code that changes it; its snapshots for checkpoints
+    and its restores are `checkpointing.Checkpointing`'s."""
 
     def __init__(self, *, job_id: str, task: str, incarnation: int | None = None) -> None:
         self.job_id = job_id
@@ -293,124 +294,6 @@ class ParameterStore:
         with self._lock:
             values, picked = self.shards.read(names, rows)
             return self._step, values, picked
-
-    # --- checkpoints ------------------------------------------------------------------------
-
-    def _snapshot_locked(self) -> Snapshot:
-        return Snapshot.of(
-            self.shards.table(),
-            step=self._step,
-            epoch=self._epoch,
-            optimizer=self.optimizer_json(),
-            cursors=self._positions.snapshot(),
-        )
-
-    def snapshot_at(self, step: int, *, is_active: Callable[[], bool]) -> Snapshot:
-        """The state as it is when the step becomes `step` (at once if it is `step` now): exact
-        in every mode (unlike TensorFlow's async cut), never with an update its step and data
-        positions do not count (`Policy.in_flight`; async admission waits for the cut)."""
-        with self._lock:
-            if self._state != ps_pb2.READY:
-                raise PsError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"Save: {self.task} is {STATE_NAMES[self._state]}",
-                )
-            if self._step > step:
-                raise PsError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"Save: {self.task} is at step {self._step}, past step {step}",
-                )
-            if self._step == step:
-                in_flight = self._policy.in_flight()
-                if in_flight:
-                    raise snapshots.fuzzy(step, in_flight)
-                return self._snapshot_locked()
-            future = self._saves.ask(step)
-            self._changed.notify_all()  # async admission now holds pushes past `step` back
-        return snapshots.wait(
-            future,
-            task=self.task,
-            is_active=is_active,
-            stopping=lambda: self._state == ps_pb2.SHUTTING_DOWN,
-        )
-
-    def restore(
-        self,
-        *,
-        step: int,
-        values: Mapping[str, np.ndarray],
-        states: Mapping[str, list[np.ndarray]],
-        where: str,
-        cursors: Mapping[str, int] | None = None,
-        tables: Mapping[str, Mapping[str, np.ndarray]] | None = None,
-    ) -> None:
-        """Loads every declared shard and its optimizer state (`snapshots.loaded`), and every
-        dynamic table's part (`tables`: `dynamic.Table.snapshot`'s arrays by shard); READY at
-        `step`, with this ps's data positions of the checkpoint."""
-        with self._lock:
-            tensors, jitted = self.shards.table(), self.updates.current
-            # A ps whose shards are all dynamic tables' is READY from its Init (their values
-            # need no Assign): restored before anything is counted, it is as if ASSIGNING.
-            fresh = self._state == ps_pb2.READY and self._untouched
-            if (self._state != ps_pb2.ASSIGNING and not fresh) or jitted is None:
-                raise PsError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"Restore: {self.task} is {STATE_NAMES[self._state]}; Init first",
-                )
-        loaded = snapshots.loaded(
-            tensors, self.updates.applier_for, values=values, states=states, where=where
-        )
-        parts = {n: h.dynamic for n, h in tensors.items() if h.dynamic is not None}
-        missing = sorted(set(parts) - set(tables or {}))
-        if missing:
-            raise PsError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"Restore: {where} has no dynamic table part {missing[0]!r}; the placement differs",
-            )
-
-        def swap() -> None:
-            with self._changed:
-                table = self.shards.table()
-                for name, (value, state) in loaded.items():
-                    table[name].value, table[name].opt_state = value, state
-                for name, part in parts.items():
-                    try:
-                        part.restore([(tables or {})[name]])
-                    except (KeyError, ValueError, IndexError) as err:
-                        raise PsError(
-                            grpc.StatusCode.FAILED_PRECONDITION,
-                            f"Restore: {where}: dynamic table part {name!r} does not fit ({err})",
-                        ) from err
-                self._step = step
-                self._positions.reset(cursors or {})
-                self._state = ps_pb2.READY
-                self._changed.notify_all()
-
-        self.updates.run(swap).result()
-
-    # --- dynamic tables ----------------------------------------------------------------------
-
-    def table_counters(self) -> dict[str, dict[str, float]]:
-        """Each dynamic table's part here: resident rows, capacity, and since this part was
-        made (an Init or Restore) the ids admitted, evicted, looked up, found (hits) and the
-        gradients dropped (ids not admitted), by table name."""
-        with self._lock:
-            out: dict[str, dict[str, float]] = {}
-            for held in self.shards.table().values():
-                table = held.dynamic
-                if table is None:
-                    continue
-                c = table.counters
-                out[table.spec.name] = {
-                    "resident": float(table.resident),
-                    "capacity": float(table.spec.max_rows),
-                    "admitted": float(c.admitted),
-                    "evicted": float(c.evicted),
-                    "lookups": float(c.lookups),
-                    "hits": float(c.hits),
-                    "dropped": float(c.dropped),
-                }
-            return out
 
     # --- shutdown ---------------------------------------------------------------------------
 

@@ -245,13 +245,12 @@ class Session:
         finite: bool | None = None,
     ) -> bool:
         """Pushes the gradients of the step pulled last (named as `pull` names the values; a
-        subset pushes only those) and of table `rows` ({table: (row ids, rows)}). Each ps's
-        optimizer applies them. True when the batch counted on every ps; False when it did not
+        subset pushes only those) and of table `rows` ({table: (row ids, rows)}; `counts`: a
+        dynamic table's ids' occurrences in the batch, default 1 each). Each ps's optimizer
+        applies them. True when the batch counted on every ps; False when it did not
         (a sync step closed without it, a ps lost, training over): the loop goes on with the
         next batch, which the session gives again if it is to be trained again. `finite`: the
-        caller checked the loss and gradients already (else the session checks them).
-        `counts`: per dynamic table, each row id's occurrences in the batch (what admission
-        counts; default one per row given)."""
+        caller checked the loss and gradients already (else the session checks them)."""
         if self._over or self._void:
             self._void, self._marks = False, []
             return False
@@ -299,14 +298,7 @@ class Session:
         if keep and (applied or not refused_position(replies)):
             self._buffers, self._pulled = values, next_step
         self._next(replies, step=step)
-        started, pulled = ([*self._marks, computed, computed])[:2]
-        self.link.times.add(
-            pull=pulled - started,
-            compute=computed - pulled,
-            push=time.perf_counter() - computed,
-            examples=self._examples,
-            step=step,
-        )
+        _timed(self.link, self._marks, computed, examples=self._examples, step=step)
         self._marks, self._examples, self.link.waiting = [], 0, IN_OWN_CODE
         return applied
 
@@ -408,3 +400,18 @@ def _declared(
             f"variables: {', '.join(shown)}{more}); name them as params() does"
         )
     return named
+
+
+def _timed(
+    link: Link, marks: Sequence[float], computed: float, *, examples: int, step: int
+) -> None:
+    """Records one step's pull, compute and push seconds (`marks`: when the step started and
+    its pull ended, as far as the step got; `computed`: when its gradients were in hand)."""
+    started, pulled = ([*marks, computed, computed])[:2]
+    link.times.add(
+        pull=pulled - started,
+        compute=computed - pulled,
+        push=time.perf_counter() - computed,
+        examples=examples,
+        step=step,
+    )

@@ -154,3 +154,18 @@ def initial_rows(ids: np.ndarray, *, dim: int, salt: np.uint64, scale: float) ->
     out *= step
     out -= np.float32(scale)
     return out
+
+
+def filled(spec: Spec, ids: np.ndarray, echoed: bytes, resident: np.ndarray) -> np.ndarray:
+    """The rows of a dynamic table's `ids` as a Read gives them: those a ps sent (`resident`,
+    of the ids it `echoed`: the asked ones it holds, in order; else ValueError) and every
+    other one's initial value."""
+    held = np.frombuffer(echoed, "<i8")
+    here = np.isin(ids, held)
+    if held.size != resident.shape[0] or not np.array_equal(ids[here], held):
+        raise ValueError("the rows sent are not of the ids asked, in their order")
+    salt = table_salt(spec.seed, spec.name)
+    out = np.empty((ids.size, spec.dim), np.float32)
+    out[here] = resident
+    out[~here] = initial_rows(ids[~here], dim=spec.dim, salt=salt, scale=spec.scale)
+    return out
