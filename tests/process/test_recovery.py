@@ -324,24 +324,29 @@ def test_a_corrupted_shard_file_is_named_and_the_previous_checkpoint_is_used(
     assert f"checkpoint file {damaged} is corrupt" in log
 
 
-def test_a_checkpoint_of_another_ps_count_is_cut_for_the_job_and_another_placement_refused(
+def test_a_checkpoint_of_another_placement_is_cut_for_the_job_and_another_model_refused(
     jobs: list[harness.LocalJob], tmp_path: Path
 ) -> None:
     first = _start(jobs, training=_training(tmp_path, steps=60), log_dir=tmp_path / "first")
     _finish(first)
-    # 2 ps -> 3: every variable and its adam state put back together and cut again
-    second = _start(jobs, training=_training(tmp_path, steps=80), log_dir=tmp_path / "second", ps=3)
+    # 2 ps -> 3, shards of 1 KiB: every variable and its adam state put together, cut again
+    second = _start(
+        jobs,
+        training=_training(tmp_path, steps=80, placement={"minShardBytes": 1024}),
+        log_dir=tmp_path / "second",
+        ps=3,
+    )
     summary = _finish(second)
     assert summary["startedFrom"] == {"how": "restored", "step": 60}, second.logs()
     assert summary["step"] == 80
     assert summary["eval"]["accuracy"] > 0.5  # trained on from the first job's values
     said = (tmp_path / "second" / "worker-0.log").read_text()
-    assert "cut the checkpoint of step 60 (2 ps) for 3 ps" in said
+    assert "cut the checkpoint of step 60 (2 ps, placement greedy, minShardBytes 262144)" in said
     assert not list((tmp_path / "ckpt").glob("reshard-*"))  # the cut parts are removed
-    # the same 3 ps, another placement: refused, naming the field
+    # another model (a hidden layer of 32, not 64): refused, naming the variable
     third = _start(
         jobs,
-        training=_training(tmp_path, steps=100, placement={"minShardBytes": 1024}),
+        training=_training(tmp_path, steps=100, model={"name": "mlp", "kwargs": {"hidden": [32]}}),
         log_dir=tmp_path / "third",
         ps=3,
     )
@@ -352,7 +357,7 @@ def test_a_checkpoint_of_another_ps_count_is_cut_for_the_job_and_another_placeme
     # retried to the backoff limit, which then named no cause
     assert code == 78, third.logs()
     said = (tmp_path / "third" / "worker-0.log").read_text()
-    assert "placement.minShardBytes is 262144, the job has 1024" in said
+    assert "variable \"['hidden_0']['bias']\" is float32[64], the job's model has" in said
     assert f"training.checkpoint.dir {str(tmp_path / 'ckpt')!r} holds a checkpoint" in said
 
 

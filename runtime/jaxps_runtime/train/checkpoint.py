@@ -125,31 +125,6 @@ def committed(root: Path) -> list[Manifest]:
     return sorted(found, key=lambda m: m.step, reverse=True)
 
 
-def check_placement(manifest: Manifest, placement: Mapping[str, Any]) -> None:
-    """Refuses a checkpoint whose placement map is not the job's, saying what differs."""
-    saved = manifest.placement
-    if saved == dict(placement):
-        return
-    for key in ("numPs", "strategy", "minShardBytes"):
-        if saved.get(key) != placement.get(key):
-            raise IncompatibleCheckpointError(
-                f"checkpoint of step {manifest.step}: placement.{key} is {saved.get(key)!r}, "
-                f"the job has {placement.get(key)!r}; restoring into another placement is "
-                "not supported (use the same ps count and placement, or another checkpoint.dir)"
-            )
-    theirs = {v["name"]: v for v in saved.get("variables", [])}
-    ours = {v["name"]: v for v in placement.get("variables", [])}
-    for name in sorted(set(theirs) | set(ours)):
-        if theirs.get(name) != ours.get(name):
-            raise IncompatibleCheckpointError(
-                f"checkpoint of step {manifest.step}: variable {name!r} is "
-                f"{theirs.get(name)}, the job's model has {ours.get(name)}"
-            )
-    raise IncompatibleCheckpointError(
-        f"checkpoint of step {manifest.step}: the placement map differs"
-    )
-
-
 def prune(root: Path, *, keep: int, protect: Sequence[int] = ()) -> None:
     """Deletes all but the newest `keep` committed checkpoints, manifest first."""
     for manifest in committed(root)[keep:]:

@@ -7,9 +7,10 @@
   committed checkpoint, at a new epoch, so no ps is silently reset alone (TF#2461). A shard
   file that fails its checksum is reported by name and the previous checkpoint is tried.
 - With no usable checkpoint the variables are initialised from the seed, at step 0.
-A checkpoint made on another number of ps is cut for this job's (`reshard`); one made for
-another model, placement or optimizer is refused (`CheckpointError`): the chief stops with that
-error rather than train from something it cannot load.
+A checkpoint made with another placement (another number of ps, strategy, minShardBytes) is
+cut for this job's (`reshard`); one made for another model or optimizer is refused
+(`CheckpointError`): the chief stops with that error rather than train from something it
+cannot load.
 """
 
 from __future__ import annotations
@@ -77,10 +78,8 @@ def _compatible(manifest: checkpoint.Manifest, task: Task, *, root: Path | None,
     """Raises `checkpoint.IncompatibleCheckpointError` (final: InvalidTraining) for a
     committed checkpoint this job cannot restore, naming what differs and the field."""
     try:
-        if reshard.needed(manifest, task.placement):
+        if reshard.needed(manifest, task.placement):  # cut for this one, if the model's
             reshard.check(manifest, task.placement)
-        else:
-            checkpoint.check_placement(manifest, task.placement.to_dict())
         optimizer = task.training.optimizer.to_json()
         if manifest.optimizer != optimizer:
             raise checkpoint.IncompatibleCheckpointError(
@@ -123,9 +122,12 @@ def restore_or_initialise(
                 )
                 continue
             log.info(
-                "cut the checkpoint of step %d (%s ps) for %d ps",
+                "cut the checkpoint of step %d (%s ps, placement %s, minShardBytes %s) for "
+                "this job's placement (%d ps)",
                 manifest.step,
                 manifest.placement.get("numPs"),
+                manifest.placement.get("strategy"),
+                manifest.placement.get("minShardBytes"),
                 len(client.addresses),
             )
         client.init(

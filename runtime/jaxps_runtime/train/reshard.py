@@ -1,7 +1,9 @@
-"""A checkpoint taken on another number of ps, cut again for this job's placement.
+"""A checkpoint taken with another placement, cut again for this job's.
 
-`spec.replicaSpecs.ps.replicas` is fixed while a job exists, but a new job may resume from an
-earlier job's `checkpoint.dir` with more or fewer ps. The chief then reads every part of the
+`spec.replicaSpecs.ps.replicas` and `placement` are fixed while a job exists, but a new job may
+resume from an earlier job's `checkpoint.dir` with more or fewer ps, another strategy or
+`minShardBytes`, or a dynamic table of another `maxRows`. As long as the model's variables are
+the same (names, dtypes, shapes; a dynamic table's dim), the chief reads every part of the
 checkpoint and writes one part per ps of its own placement, which the ps restore as they would
 their own (`recovery`):
 
@@ -9,7 +11,8 @@ their own (`recovery`):
   the new placement cuts it; each optimizer leaf shaped like its shard goes with the rows, a
   leaf that is not (adam's step count) is the same on every shard and is kept;
 - a dynamic embedding table's rows (`ps.dynamic`) go to the ps that owns their id under the
-  new ps count (`dynamic.Table.restore`): keys, values, optimizer state, counts and probation;
+  new ps count (`dynamic.Table.restore`): keys, values, optimizer state, counts and probation
+  (past a smaller `maxRows`, the rows updated longest ago are left out, as eviction would);
 - the data positions: every part must hold the same ones (a part taken while a push was in
   flight holds a batch another part does not: cut into other parts, it would be applied
   twice or lost), else the checkpoint is refused, naming the parts.
@@ -35,8 +38,8 @@ Incompatible = checkpoint.IncompatibleCheckpointError
 
 
 def needed(manifest: checkpoint.Manifest, placement: Placement) -> bool:
-    """Whether the checkpoint was taken on another number of ps than `placement`'s."""
-    return int(manifest.placement.get("numPs", placement.num_ps)) != placement.num_ps
+    """Whether the checkpoint was taken with another placement than `placement`."""
+    return dict(manifest.placement) != placement.to_dict()
 
 
 def check(manifest: checkpoint.Manifest, placement: Placement) -> None:
@@ -129,8 +132,13 @@ def _dense(
     joined = []
     for i, first in enumerate(leaves[0]):
         rowed = np.shape(first) == np.shape(pieces[0]) and np.ndim(first) > 0
-        column = [leaf[i] for leaf in leaves]
-        joined.append((np.concatenate(column) if len(column) > 1 else column[0], rowed))
+        column = [np.asarray(leaf[i]) for leaf in leaves]
+        if len(column) == 1:
+            joined.append((column[0], rowed))
+        elif rowed:
+            joined.append((np.concatenate(column), True))
+        else:  # a count every shard keeps alike: the furthest any went
+            joined.append((np.max(np.stack(column), axis=0).astype(column[0].dtype), False))
     for shard in new.shards_of(name):
         values[shard.ps][shard.name] = _cut(whole, shard)
         states[shard.ps][shard.name] = [
