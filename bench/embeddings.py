@@ -50,6 +50,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import results  # bench/results.py: this script's folder is on sys.path
+
 BENCH = "embeddings"
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -65,34 +67,9 @@ STEP = re.compile(r"^jaxps_global_step(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eE]+)\s*
 JOB_TIMEOUT_SECONDS = 3600.0
 
 
-def emit(
-    case: str,
-    *,
-    metric: str,
-    value: float,
-    unit: str,
-    baseline: str | None = None,
-    baseline_value: float | None = None,
-    lower_is_better: bool = False,
-    **extra: object,
-) -> None:
-    """One measurement, as `results.emit` prints it (`ratio` above 1: jaxps does better: value
-    / baseline, or baseline / value when `lower_is_better`), with `extra` fields (a note)."""
-    ratio = None
-    if baseline_value and value:
-        ratio = baseline_value / value if lower_is_better else value / baseline_value
-    row: dict[str, object] = {
-        "bench": BENCH,
-        "case": case,
-        "metric": metric,
-        "value": round(value, 4),
-        "unit": unit,
-        "baseline": baseline,
-        "baseline_value": round(baseline_value, 4) if baseline_value else None,
-        "ratio": round(ratio, 3) if ratio else None,
-        **extra,
-    }
-    print(json.dumps(row), flush=True)
+def emit(case: str, **fields: Any) -> None:
+    """One measurement of this bench (`results.emit`)."""
+    results.emit(BENCH, case, **fields)
 
 
 def say(text: str) -> None:

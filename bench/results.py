@@ -22,9 +22,11 @@ def emit(
     baseline: str | None = None,
     baseline_value: float | None = None,
     lower_is_better: bool = False,
+    **extra: object,
 ) -> None:
     """Prints the measurement; `ratio` is above 1 when jaxps does better than the baseline:
-    value / baseline for throughputs, baseline / value for times (`lower_is_better`)."""
+    value / baseline for throughputs, baseline / value for times (`lower_is_better`); `extra`
+    fields after the format's (a note, each round's values)."""
     if not baseline_value or not value:
         ratio = None
     else:
@@ -40,6 +42,7 @@ def emit(
                 "baseline": baseline,
                 "baseline_value": round(baseline_value, 4) if baseline_value else None,
                 "ratio": round(ratio, 3) if ratio else None,
+                **extra,
             }
         ),
         flush=True,

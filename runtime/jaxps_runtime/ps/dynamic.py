@@ -82,51 +82,27 @@ class Keyed:
     """int64 keys kept sorted, each with int64 columns beside it: found, added and removed for
     whole arrays at once (a binary search per key, one O(n) copy per change). What a dict of
     Python ints costs per id (about 100 bytes and a Python call) this costs in 8 bytes a
-    column and a numpy pass; a push of thousands of new ids is one search, one merge.
+    column and a numpy pass; a push of thousands of new ids is one search, one insert."""
 
-    Each array has two buffers, grown by doubling: a change writes the other one and the two
-    swap, so a push writes into memory already mapped (a fresh array of this size is mapped
-    anew, and its page faults cost more than the copy). `keys` and `columns` are views of the
-    current ones, valid until the next change."""
-
-    def __init__(self, columns: Sequence[str], capacity: int = 0) -> None:
-        self._names = ["keys", *columns]
-        self._size = 0
-        self._buffers: dict[str, list[np.ndarray]] = {}
-        self._grow(max(capacity, 16))
-
-    def _grow(self, capacity: int) -> None:
-        for name in self._names:
-            old = self._buffers.get(name)
-            fresh = [np.empty(capacity, np.int64), np.empty(capacity, np.int64)]
-            if old is not None:
-                fresh[0][: self._size] = old[0][: self._size]
-            self._buffers[name] = fresh
-
-    @property
-    def keys(self) -> np.ndarray:
-        return self._buffers["keys"][0][: self._size]
-
-    @property
-    def columns(self) -> dict[str, np.ndarray]:
-        return {name: self._buffers[name][0][: self._size] for name in self._names[1:]}
+    def __init__(self, columns: Sequence[str]) -> None:
+        self.keys = np.zeros(0, np.int64)
+        self.columns = {name: np.zeros(0, np.int64) for name in columns}
 
     def __len__(self) -> int:
-        return self._size
+        return int(self.keys.size)
 
     def positions(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where each of `ids` is, and whether it is there at all."""
-        keys = self.keys
-        pos = np.searchsorted(keys, ids)
-        found = pos < keys.size
-        found[found] = keys[pos[found]] == ids[found]
+        pos = np.searchsorted(self.keys, ids)
+        found = pos < self.keys.size
+        found[found] = self.keys[pos[found]] == ids[found]
         return pos, found
 
     def get(self, ids: np.ndarray, column: str, missing: int = -1) -> np.ndarray:
         """`column` of each of `ids`, `missing` where absent."""
         pos, found = self.positions(ids)
         out = np.full(ids.size, missing, np.int64)
-        out[found] = self._buffers[column][0][pos[found]]
+        out[found] = self.columns[column][pos[found]]
         return out
 
     def add(self, ids: np.ndarray, **values: np.ndarray) -> None:
@@ -135,33 +111,28 @@ class Keyed:
             return
         order = np.argsort(ids, kind="stable")
         new = ids[order]
-        size = self._size + new.size
-        if size > self._buffers["keys"][0].size:
-            self._grow(max(size, 2 * self._buffers["keys"][0].size))
         # where the new keys land in the merged array: after the old keys below them and the
         # new ones before them (one pass each, no sort of the whole)
         at = np.searchsorted(self.keys, new) + np.arange(new.size)
-        old = np.ones(size, bool)
+        old = np.ones(self.keys.size + new.size, bool)
         old[at] = False
-        for name in self._names:
-            current, spare = self._buffers[name]
-            out = spare[:size]
-            out[old] = current[: self._size]
-            out[at] = new if name == "keys" else np.asarray(values[name])[order]
-            self._buffers[name] = [spare, current]
-        self._size = size
+
+        def merged(column: np.ndarray, added: np.ndarray) -> np.ndarray:
+            out = np.empty(old.size, np.int64)
+            out[old] = column
+            out[at] = added
+            return out
+
+        self.keys = merged(self.keys, new)
+        for name, column in self.columns.items():
+            self.columns[name] = merged(column, np.asarray(values[name])[order])
 
     def remove_at(self, positions: np.ndarray) -> None:
         if not positions.size:
             return
-        keep = np.ones(self._size, bool)
-        keep[positions] = False
-        size = int(keep.sum())
-        for name in self._names:
-            current, spare = self._buffers[name]
-            np.compress(keep, current[: self._size], out=spare[:size])
-            self._buffers[name] = [spare, current]
-        self._size = size
+        self.keys = np.delete(self.keys, positions)
+        for name, column in self.columns.items():
+            self.columns[name] = np.delete(column, positions)
 
     def remove(self, ids: np.ndarray) -> None:
         pos, found = self.positions(ids)
@@ -217,7 +188,7 @@ class Table:
         self.last = np.zeros(cap, np.int64)  # the step of the row's last update
         self.count = np.zeros(cap, np.int64)  # occurrences applied, admission's included
         self.used = np.zeros(cap, bool)
-        self.index = Keyed(["row"], cap)  # id -> slot
+        self.index = Keyed(["row"])  # id -> slot
         self.free = np.arange(cap - 1, -1, -1, dtype=np.int64)  # the first `n_free` are free
         self.n_free = cap
         self.waiting = Keyed(["count", "step"])  # ids seen but not admitted
