@@ -1,7 +1,7 @@
 """A dynamic embedding table (`training.embeddings`) keeps exactly once through kills (issue 58):
 the counting model on a table keyed by 64-bit hashes (`elastic_user/dyncounting.py`), whose
 every applied batch adds exactly 1 to the row of each of its records, run by `jaxps local`
-while a worker and a ps are SIGKILLed. The rows are read from the final checkpoint (a dynamic
+while workers join, leave and are SIGKILLed and a ps is SIGKILLed. The rows are read from the final checkpoint (a dynamic
 table is checkpointed by id in each ps's part; it is not exported), and every record's count
 must be what that ps's own ledger (its data positions) says was applied, as test_exactly_once
 checks for a fixed vector; every id on the ps its hash names. Then a job of 3 ps resumes from
@@ -36,8 +36,12 @@ TABLE = "['count']"
 SEQUENCE = (
     "--kill",
     "worker-1@step=60",  # its lease is taken back; a push it sent is never applied twice
+    "--scale",
+    "worker=3@step=120",  # worker-2 joins and takes shards
     "--kill",
     "ps-1@step=180",  # every ps rolls back to the checkpoint of 150: the table's parts too
+    "--scale",
+    "worker=2@step=240",  # worker-2 drains: its leases given back
     "--kill",
     "worker-0@step=300",
 )
