@@ -1,8 +1,9 @@
-"""A dynamic embedding table (`training.embeddings`) keeps exactly once through kills (issue 58):
-the counting model on a table keyed by 64-bit hashes (`elastic_user/dyncounting.py`), whose
-every applied batch adds exactly 1 to the row of each of its records, run by `jaxps local`
-while workers join, leave and are SIGKILLed and a ps is SIGKILLed. The rows are read from the final checkpoint (a dynamic
-table is checkpointed by id in each ps's part; it is not exported), and every record's count
+"""A dynamic embedding table (`training.embeddings`) keeps exactly once through kills and
+rescales (issue 58): the counting model on a table keyed by 64-bit hashes
+(`elastic_user/dyncounting.py`), whose every applied batch adds exactly 1 to the row of each of
+its records, run by `jaxps local` while workers join, leave and are SIGKILLed and a ps is
+SIGKILLed. The rows are read from the final checkpoint (a dynamic table is checkpointed by id
+in each ps's part; it is not exported), and every record's count
 must be what that ps's own ledger (its data positions) says was applied, as test_exactly_once
 checks for a fixed vector; every id on the ps its hash names. Then a job of 3 ps resumes from
 the same checkpoint.dir: the chief cuts it for 3 ps (`train.reshard`), and the counts stay
