@@ -195,15 +195,28 @@ def _rules(node: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+IMPLIED = {
+    "metadata": "The object's metadata. Its name must be a DNS-1035 label: it names the job's "
+    "Service and begins each pod's name (<name>-<role>-<index>)."
+}
+"""What the page says of the root fields the API server lets no CRD describe (it refuses
+anything but name and generateName under `metadata`)."""
+
+
+def _described(child: Mapping[str, Any], path: str) -> str:
+    return str(child.get("description", "")).strip() or IMPLIED.get(path, "")
+
+
 def undocumented(schema: Mapping[str, Any]) -> list[str]:
     """The path of each field of `schema` (an openAPIV3Schema) with no description, object by
-    object in the schema's order; a field of a shared object (a YAML alias) under each path."""
+    object in the schema's order; a field of a shared object (a YAML alias) under each path.
+    A root field of `IMPLIED` is described by this page."""
     return [
         f"{path}.{key}" if path else key
         for obj in _objects(schema)
         for path in obj.paths
         for key, child in obj.node["properties"].items()
-        if not str(child.get("description", "")).strip()
+        if not _described(child, f"{path}.{key}" if path else key)
     ]
 
 
@@ -262,7 +275,7 @@ def trainingjob_page(crd: Mapping[str, Any]) -> str:
                     _type(child, anchors),
                     _default(child, path, runtime),
                     _allowed(child),
-                    _text(child.get("description", "")),
+                    _text(_described(child, path)),
                 ]
             )
         lines += _table(["Field", "Type", "Default", "Allowed", "Description"], rows)
