@@ -84,9 +84,10 @@ class Keyed:
     Python ints costs per id (about 100 bytes and a Python call) this costs in 8 bytes a
     column and a numpy pass; a push of thousands of new ids is one search, one insert."""
 
-    def __init__(self, columns: Sequence[str]) -> None:
+    def __init__(self, columns: Sequence[str], dtype: type[np.integer[Any]] = np.int64) -> None:
+        """`dtype`: the columns' (a table's rows fit an int32: half the bytes moved)."""
         self.keys = np.zeros(0, np.int64)
-        self.columns = {name: np.zeros(0, np.int64) for name in columns}
+        self.columns = {name: np.zeros(0, dtype) for name in columns}
 
     def __len__(self) -> int:
         return int(self.keys.size)
@@ -118,7 +119,7 @@ class Keyed:
         old[at] = False
 
         def merged(column: np.ndarray, added: np.ndarray) -> np.ndarray:
-            out = np.empty(old.size, np.int64)
+            out = np.empty(old.size, column.dtype)
             out[old] = column
             out[at] = added
             return out
@@ -188,7 +189,7 @@ class Table:
         self.last = np.zeros(cap, np.int64)  # the step of the row's last update
         self.count = np.zeros(cap, np.int64)  # occurrences applied, admission's included
         self.used = np.zeros(cap, bool)
-        self.index = Keyed(["row"])  # id -> slot
+        self.index = Keyed(["row"], np.int32)  # id -> slot
         self.free = np.arange(cap - 1, -1, -1, dtype=np.int64)  # the first `n_free` are free
         self.n_free = cap
         self.waiting = Keyed(["count", "step"])  # ids seen but not admitted
