@@ -204,7 +204,11 @@ class PsServer:
         return self._stop
 
     def wait(self) -> None:
-        self._stop.wait()
+        # In slices, not one wait: a signal's Python handler runs only when the main thread
+        # runs, and a SIGTERM the kernel gives another thread (one of XLA's) wakes no lock wait
+        # of the main one (a standby's ps was SIGKILLed 15 s after a SIGTERM it never saw).
+        while not self._stop.wait(timeout=0.5):
+            pass
         store = self.store
         step = store.step if store is not None else 0
         log.info("%s: stopping (%s) at step %d", self.task, self.reason, step)
