@@ -169,11 +169,20 @@ class Table:
     and the step they were last counted at)."""
 
     def __init__(
-        self, spec: Spec, tx: optax.GradientTransformation, *, ps: int = 0, num_ps: int = 1
+        self,
+        spec: Spec,
+        tx: optax.GradientTransformation,
+        *,
+        ps: int = 0,
+        num_ps: int = 1,
+        applier: Applier | None = None,
     ) -> None:
+        """`applier`: `tx`'s jitted updates, shared with the ps's other shards of the same
+        optimizer (each jit compiles once per row count: per table, a job of many small
+        tables would compile as many times again)."""
         self.spec = spec
         self.ps, self.num_ps = ps, num_ps  # which part of the job's table this is
-        self.applier = Applier(tx)
+        self.applier = applier or Applier(tx)
         self.salt = table_salt(spec.seed, spec.name)
         cap, dim = spec.max_rows, spec.dim
         self.values = np.zeros((cap, dim), np.float32)
@@ -484,14 +493,11 @@ def merged(
     counts = np.ones(ids.size, np.int64) if counts is None else np.asarray(counts, np.int64)
     if ids.size < 2 or bool((ids[1:] > ids[:-1]).all()):  # a worker's ids: sorted, once each
         return ids, counts, grads
-    unique, inverse = np.unique(ids, return_inverse=True)
-    if unique.size == ids.size:
-        order = np.argsort(ids, kind="stable")
-        return ids[order], counts[order], grads[order]
-    summed = np.zeros((unique.size, *grads.shape[1:]), grads.dtype)
-    np.add.at(summed, inverse, grads)
+    order = np.argsort(ids, kind="stable")
+    ordered = ids[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
     return (
-        unique,
-        np.bincount(inverse, weights=counts, minlength=unique.size).astype(np.int64),
-        summed,
+        ordered[starts],
+        np.add.reduceat(counts[order], starts),
+        np.add.reduceat(grads[order], starts, axis=0),
     )

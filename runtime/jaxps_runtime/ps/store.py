@@ -164,12 +164,16 @@ class ParameterStore(Checkpointing):
         by_shard = {name: self.updates.compiled(o) for name, o in (overrides or {}).items()}
         mode = mode or Mode()
         policy = POLICIES[mode.kind](self, mode, workers)
-        made = {
-            name: dynamic.Table(
-                spec, optim.build((overrides or {}).get(name, optimizer)), ps=ps, num_ps=num_ps
+        made = {}
+        for name, (spec, ps, num_ps) in (tables or {}).items():
+            own = (overrides or {}).get(name, optimizer)
+            made[name] = dynamic.Table(
+                spec,
+                optim.build(own),
+                ps=ps,
+                num_ps=num_ps,
+                applier=self.updates.compiled(own).applier,
             )
-            for name, (spec, ps, num_ps) in (tables or {}).items()
-        }
 
         def swap() -> None:
             with self._changed:

@@ -65,8 +65,8 @@ class Worker:
                     named = {n: np.asarray(g) for n, g in task.layout.named(grads).items()}
                 session.push(
                     named,
-                    rows={v: (ids, named[v]) for v, ids in rows.items()},
-                    counts=counts,
+                    rows=_pushed_rows(rows, named, counts),
+                    counts={v: c[c > 0] for v, c in counts.items()},
                     loss=float(loss),
                     finite=bool(finite),
                 )
@@ -117,6 +117,19 @@ def _wanted_rows(
             counts[variable] = np.zeros(size, np.int64)
             counts[variable][: unique.size] = seen
     return wanted, counts
+
+
+def _pushed_rows(
+    rows: dict[str, np.ndarray], named: dict[str, np.ndarray], counts: dict[str, np.ndarray]
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each table's (row ids, gradient rows) to push: a dynamic table's without the padding
+    (rows its batch has no id of: count 0), which would only be summed away on the ps."""
+    out = {}
+    for variable, ids in rows.items():
+        grads = named[variable]
+        real = counts[variable] > 0 if variable in counts else slice(None)
+        out[variable] = (ids[real], grads[real])
+    return out
 
 
 def run(task: Task) -> int:

@@ -10,6 +10,7 @@ sequential) on one ps, nor Python's `hash` (`hash(-1) == hash(-2)`). Pure numpy.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Iterable
 from typing import Literal
@@ -130,8 +131,10 @@ def split(ids: np.ndarray, num_ps: int) -> Iterable[tuple[int, np.ndarray]]:
             yield ps, where
 
 
+@functools.lru_cache(maxsize=1024)
 def table_salt(seed: int, table: str) -> np.uint64:
-    """The salt of one table of one job: its seed and name, mixed."""
+    """The salt of one table of one job: its seed and name, mixed (once: every read of a
+    table's initial values asks for it)."""
     salt = np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
     for byte in table.encode():
         salt = mix64(np.array([salt ^ np.uint64(byte)], dtype=np.uint64))[0]
