@@ -57,7 +57,17 @@ from jaxps_runtime.wire.tables import (
     table_salt,
 )
 
-__all__ = ["Eviction", "Spec", "Table", "initial_rows", "merged", "mix64", "owner", "table_salt"]
+__all__ = [
+    "Eviction",
+    "Spec",
+    "Table",
+    "initial_rows",
+    "merged",
+    "mix64",
+    "owner",
+    "repartition",
+    "table_salt",
+]
 
 EVICT_CHUNK = 1 / 16
 """When a push needs rows, at least this share of the table is evicted at once: the ordering
@@ -410,63 +420,74 @@ class Table:
         ps: int | None = None,
         num_ps: int | None = None,
     ) -> None:
-        """Takes the rows and probation this ps owns (under `num_ps` ps) from the snapshots of
-        any number of ps (the same table, one job); a table restored onto fewer or more ps
-        re-partitions by `owner`. Past `max_rows`, the rows last updated longest ago are left
-        out, as eviction would have. Optimizer leaves not shaped like the table (a step count)
-        take the largest any snapshot has."""
-        if self.resident:
-            raise ValueError(f"embedding table {self.spec.name!r}: restored onto a used table")
-        ps = self.ps if ps is None else ps
-        num_ps = self.num_ps if num_ps is None else num_ps
-        leaves, treedef = jax.tree_util.tree_flatten(self.state)
-        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("keys", "values", "last", "count")}
-        state_parts: list[list[np.ndarray]] = [[] for _ in leaves]
-        waiting: dict[str, list[np.ndarray]] = {k: [] for k in ("keys", "counts", "steps")}
-        full = self.values.shape
-        for snap in snapshots:
-            mine = owner(snap["keys"], num_ps) == ps
-            for k, found in parts.items():
-                found.append(np.asarray(snap[k])[mine])
-            for i, leaf in enumerate(leaves):
-                saved = np.asarray(snap[f"state/{i}"])
-                state_parts[i].append(saved[mine] if np.shape(leaf) == full else saved[None])
-            theirs = owner(np.asarray(snap["probation/keys"]), num_ps) == ps
-            for k, found in waiting.items():
-                found.append(np.asarray(snap[f"probation/{k}"], np.int64)[theirs])
-        keys = np.concatenate(parts["keys"]) if parts["keys"] else np.zeros(0, np.int64)
-        order = np.lexsort((keys, -np.concatenate(parts["last"]))) if keys.size else keys
-        order = order[: self.spec.max_rows]
-        n = int(order.size)
-        rows = np.arange(n, dtype=np.int64)
-        self.keys[rows] = keys[order]
-        self.values[rows] = np.concatenate(parts["values"])[order]
-        self.last[rows] = np.concatenate(parts["last"])[order]
-        self.count[rows] = np.concatenate(parts["count"])[order]
-        restored = []
+        """Takes the rows and probation this ps owns (under `num_ps` ps, default this part's)
+        from the snapshots of any number of ps (`repartition`)."""
+        repartition(
+            self,
+            snapshots,
+            ps=self.ps if ps is None else ps,
+            num_ps=self.num_ps if num_ps is None else num_ps,
+        )
+
+
+def repartition(
+    table: Table, snapshots: Sequence[Mapping[str, np.ndarray]], *, ps: int, num_ps: int
+) -> None:
+    """Fills the empty `table` with the rows and probation ps `ps` owns under `num_ps` ps, from
+    the snapshots of any number of ps (the same table, one job): a table restored onto fewer or
+    more ps re-partitions by `owner`. Past `max_rows`, the rows last updated longest ago are
+    left out, as eviction would have. Optimizer leaves not shaped like the table (a step
+    count) take the largest any snapshot has."""
+    if table.resident:
+        raise ValueError(f"embedding table {table.spec.name!r}: restored onto a used table")
+    leaves, treedef = jax.tree_util.tree_flatten(table.state)
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("keys", "values", "last", "count")}
+    state_parts: list[list[np.ndarray]] = [[] for _ in leaves]
+    waiting: dict[str, list[np.ndarray]] = {k: [] for k in ("keys", "counts", "steps")}
+    full = table.values.shape
+    for snap in snapshots:
+        mine = owner(snap["keys"], num_ps) == ps
+        for k, found in parts.items():
+            found.append(np.asarray(snap[k])[mine])
         for i, leaf in enumerate(leaves):
-            joined = np.concatenate(state_parts[i]) if state_parts[i] else None
-            if np.shape(leaf) == full:
-                rowed = np.array(leaf)
-                if joined is not None:
-                    rowed[rows] = joined[order]
-                restored.append(rowed)
-            elif joined is not None:  # a step count: the furthest any ps went
-                restored.append(joined.max(axis=0).astype(np.asarray(leaf).dtype))
-            else:
-                restored.append(leaf)
-        self.state = jax.tree_util.tree_unflatten(treedef, restored)
-        self.used[rows] = True
-        self.index.add(self.keys[rows], row=rows)
-        self.free = np.arange(self.spec.max_rows - 1, -1, -1, dtype=np.int64)
-        self.n_free = self.spec.max_rows - n  # the slots n.. (the stack's first entries)
-        if waiting["keys"]:
-            self.waiting.add(
-                np.concatenate(waiting["keys"]),
-                count=np.concatenate(waiting["counts"]),
-                step=np.concatenate(waiting["steps"]),
-            )
-        self.counters.evicted += int(keys.size - n)
+            saved = np.asarray(snap[f"state/{i}"])
+            state_parts[i].append(saved[mine] if np.shape(leaf) == full else saved[None])
+        theirs = owner(np.asarray(snap["probation/keys"]), num_ps) == ps
+        for k, found in waiting.items():
+            found.append(np.asarray(snap[f"probation/{k}"], np.int64)[theirs])
+    keys = np.concatenate(parts["keys"]) if parts["keys"] else np.zeros(0, np.int64)
+    order = np.lexsort((keys, -np.concatenate(parts["last"]))) if keys.size else keys
+    order = order[: table.spec.max_rows]
+    n = int(order.size)
+    rows = np.arange(n, dtype=np.int64)
+    table.keys[rows] = keys[order]
+    table.values[rows] = np.concatenate(parts["values"])[order]
+    table.last[rows] = np.concatenate(parts["last"])[order]
+    table.count[rows] = np.concatenate(parts["count"])[order]
+    restored = []
+    for i, leaf in enumerate(leaves):
+        joined = np.concatenate(state_parts[i]) if state_parts[i] else None
+        if np.shape(leaf) == full:
+            rowed = np.array(leaf)
+            if joined is not None:
+                rowed[rows] = joined[order]
+            restored.append(rowed)
+        elif joined is not None:  # a step count: the furthest any ps went
+            restored.append(joined.max(axis=0).astype(np.asarray(leaf).dtype))
+        else:
+            restored.append(leaf)
+    table.state = jax.tree_util.tree_unflatten(treedef, restored)
+    table.used[rows] = True
+    table.index.add(table.keys[rows], row=rows)
+    table.free = np.arange(table.spec.max_rows - 1, -1, -1, dtype=np.int64)
+    table.n_free = table.spec.max_rows - n  # the slots n.. (the stack's first entries)
+    if waiting["keys"]:
+        table.waiting.add(
+            np.concatenate(waiting["keys"]),
+            count=np.concatenate(waiting["counts"]),
+            step=np.concatenate(waiting["steps"]),
+        )
+    table.counters.evicted += int(keys.size - n)
 
 
 def _host(state: Any, shape: tuple[int, ...]) -> Any:
