@@ -252,14 +252,11 @@ class Table:
         their initial value. Counts lookups and hits; changes nothing else (eviction orders by
         updates only, so reads, retried or not, never change what is evicted)."""
         ids = np.asarray(ids, np.int64)
-        rows = self._rows(ids)
-        here = rows >= 0
+        here, resident = self.resident_rows(ids)
         out = np.empty((ids.size, self.spec.dim), np.float32)
-        out[here] = self.values[rows[here]]
+        out[here] = resident
         if not here.all():
             out[~here] = self._initial(ids[~here])
-        self.counters.lookups += int(ids.size)
-        self.counters.hits += int(here.sum())
         return out
 
     def _rows(self, ids: np.ndarray) -> np.ndarray:
